@@ -1,0 +1,107 @@
+//! The command-line entry: parse, run one command, turn failures into a
+//! message and an exit code. `anyhow` lives here and nowhere deeper.
+
+use crate::auth;
+use crate::config::{Cli, Command, DatabaseArgs, TokenCommand, UserCommand};
+use crate::saga::class::Role;
+use crate::server::Application;
+use crate::store;
+use anyhow::{bail, Context};
+use clap::Parser;
+use std::io::{BufRead, IsTerminal};
+use std::process::ExitCode;
+
+pub async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli.command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve(args) => {
+            let app = Application::build(args).await?;
+            eprintln!("saga-harness listening on http://{}", app.local_addr());
+            app.serve_until_signal().await
+        }
+        Command::Migrate(database) => {
+            open(&database).await?;
+            eprintln!("migrations applied to {}", store::redact(&database.database_url));
+            Ok(())
+        }
+        Command::User(UserCommand::Add {
+            username,
+            role,
+            password_stdin,
+            database,
+        }) => {
+            let role: Role = role.parse()?;
+            let username = username.trim().to_owned();
+            if username.is_empty() {
+                bail!("--username cannot be empty");
+            }
+            let password = read_password(password_stdin)?;
+            let hash = auth::hash_password(&password)?;
+            let opened = open(&database).await?;
+            let user = opened.saga_store().add_user(&username, &hash, role).await?;
+            eprintln!("added {} ({})", user.username, user.role);
+            Ok(())
+        }
+        Command::Token(TokenCommand::Create {
+            agent,
+            label,
+            database,
+        }) => {
+            let agent = agent.trim().to_owned();
+            if agent.is_empty() {
+                bail!("--agent cannot be empty");
+            }
+            let token = auth::new_api_token();
+            let opened = open(&database).await?;
+            opened
+                .saga_store()
+                .add_api_token(&agent, &auth::token_hash(&token), label.as_deref())
+                .await?;
+            eprintln!("token for agent {agent} (shown once; only its hash is stored):");
+            println!("{token}");
+            Ok(())
+        }
+    }
+}
+
+async fn open(database: &DatabaseArgs) -> anyhow::Result<store::Opened> {
+    store::open(&database.database_url)
+        .await
+        .with_context(|| format!("opening {}", store::redact(&database.database_url)))
+}
+
+fn read_password(from_stdin: bool) -> anyhow::Result<String> {
+    let password = if from_stdin || !std::io::stdin().is_terminal() {
+        let mut line = String::new();
+        std::io::stdin()
+            .lock()
+            .read_line(&mut line)
+            .context("reading the password from standard input")?;
+        line.trim_end_matches(['\r', '\n']).to_owned()
+    } else {
+        let first = rpassword::prompt_password("password: ").context("reading the password")?;
+        let again = rpassword::prompt_password("again: ").context("reading the password")?;
+        if first != again {
+            bail!("the two passwords differ");
+        }
+        first
+    };
+    Ok(password)
+}

@@ -1,0 +1,80 @@
+//! One place for flags and environment variables. Each flag has an
+//! environment variable of the same meaning; flags win.
+
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(name = "saga-harness", version, about = "A write-ahead saga log between LLM agents and the systems their tools touch")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct DatabaseArgs {
+    /// sqlite://FILE (default, created if missing) or postgres://USER:PASSWORD@HOST/DB
+    #[arg(long, env = "DATABASE_URL", default_value = crate::store::DEFAULT_DATABASE_URL)]
+    pub database_url: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the agent API and the dashboard.
+    Serve(ServeArgs),
+    /// Apply the database migrations and exit.
+    Migrate(DatabaseArgs),
+    /// Manage support leads who sign in to the dashboard.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Manage agents' API tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ServeArgs {
+    /// Address to listen on; port 0 picks a free port.
+    #[arg(long, env = "SAGA_BIND", default_value = "127.0.0.1:3000")]
+    pub bind: SocketAddr,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// The tools file (TOML) declaring every tool agents may call.
+    #[arg(long, env = "SAGA_TOOLS")]
+    pub tools: Option<PathBuf>,
+    /// Mark the session cookie `Secure` (serve behind HTTPS).
+    #[arg(long, env = "SAGA_SECURE_COOKIES", default_value_t = false)]
+    pub secure_cookies: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Create a support lead. The password is asked for without echo, or
+    /// read from standard input with --password-stdin.
+    Add {
+        #[arg(long)]
+        username: String,
+        /// viewer, approver or admin
+        #[arg(long, default_value = "viewer")]
+        role: String,
+        /// Read the password from the first line of standard input.
+        #[arg(long)]
+        password_stdin: bool,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Issue a bearer token for an agent; it is printed once and stored hashed.
+    Create {
+        #[arg(long)]
+        agent: String,
+        #[arg(long)]
+        label: Option<String>,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+}

@@ -1,0 +1,27 @@
+//! Saga Harness: a write-ahead saga log between LLM agents and the systems
+//! their tools touch, with a Leptos dashboard for the people who approve
+//! what agents do.
+//!
+//! The crate is built twice: with `ssr` into the server binary (everything
+//! below), with `hydrate` into the wasm that makes the dashboard live.
+
+pub mod saga;
+pub mod ui;
+
+#[cfg(feature = "ssr")]
+pub mod auth;
+#[cfg(feature = "ssr")]
+pub mod cli;
+#[cfg(feature = "ssr")]
+pub mod config;
+#[cfg(feature = "ssr")]
+pub mod server;
+#[cfg(feature = "ssr")]
+pub mod store;
+
+#[cfg(feature = "hydrate")]
+#[wasm_bindgen::prelude::wasm_bindgen]
+pub fn hydrate() {
+    console_error_panic_hook::set_once();
+    leptos::mount::hydrate_body(ui::App);
+}

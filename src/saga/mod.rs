@@ -1,0 +1,15 @@
+//! The saga core: what a step is, how it may move, how its key is made and
+//! what it needs from storage. Knows nothing of HTTP, HTML or SQL dialects;
+//! storage, API, UI and connectors depend on it, never the reverse.
+
+pub mod class;
+pub mod status;
+
+#[cfg(feature = "ssr")]
+pub mod key;
+#[cfg(feature = "ssr")]
+pub mod model;
+#[cfg(feature = "ssr")]
+pub mod store;
+#[cfg(feature = "ssr")]
+pub mod registry;

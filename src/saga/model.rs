@@ -1,0 +1,319 @@
+//! The records the saga log is made of (DESIGN.md §3), in saga terms.
+//! Both storage backends read and write exactly these.
+
+use super::class::{Audience, Phase, Role, ToolClass};
+use super::status::{ApprovalStatus, CorrectionStatus, RunStatus, StepStatus};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::fmt;
+use uuid::Uuid;
+
+/// Who made a change: recorded with every event in the audit trail.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Actor {
+    /// An agent, by the name its API token was issued to.
+    Agent(String),
+    /// A support lead signed in to the dashboard.
+    User(String),
+    /// The harness itself (resume, reconcile, expiry).
+    System,
+}
+
+impl fmt::Display for Actor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Actor::Agent(name) => write!(f, "agent:{name}"),
+            Actor::User(name) => write!(f, "user:{name}"),
+            Actor::System => f.write_str("system"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NewRun {
+    pub agent: String,
+    /// The client's own name for the run: makes creation idempotent per
+    /// agent, and never enters a key (R3).
+    pub label: Option<String>,
+    pub purpose: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Run {
+    pub id: Uuid,
+    pub agent: String,
+    pub label: Option<String>,
+    pub purpose: String,
+    pub status: RunStatus,
+    /// Where a run in NEEDS_ATTENTION returns once its questions are answered.
+    pub resume_to: Option<RunStatus>,
+    /// The index the next new non-pure step must name (R3).
+    pub next_step: i64,
+    /// The pivot request currently in force, if one was proposed.
+    pub pivot_approval_id: Option<i64>,
+    /// Irreversible steps that ran before the pivot (goal: 0; R9).
+    pub irreversible_before_pivot: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A non-pure call about to be written to the log, with everything R6 says
+/// must be known before it runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NewStep {
+    pub run_id: Uuid,
+    pub step_idx: i64,
+    pub tool: String,
+    pub tool_class: ToolClass,
+    pub idempotency_key: String,
+    pub args: Value,
+    /// INTENDED (about to be sent) or AWAITING_APPROVAL (held, nothing sent).
+    pub status: StepStatus,
+    /// The pre-written undo, compensation or correction, referring to the key.
+    pub compensation: Option<Value>,
+    pub audience: Audience,
+    pub phase: Phase,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    pub run_id: Uuid,
+    pub step_idx: i64,
+    pub tool: String,
+    pub tool_class: ToolClass,
+    pub idempotency_key: String,
+    pub args: Value,
+    pub status: StepStatus,
+    pub external_ref: Option<String>,
+    pub compensation: Option<Value>,
+    pub audience: Audience,
+    pub result: Option<Value>,
+    pub error: Option<String>,
+    pub phase: Phase,
+    /// An irreversible step run before the pivot on its own approval.
+    pub approved_individually: bool,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// How soon an outcome must be on disk (DESIGN.md §9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// On disk before the call returns: every INTENDED row, and outcomes of
+    /// tools that have no lookup.
+    Durable,
+    /// May reach the disk with the next durable commit: outcomes that
+    /// reconcile can recover from the real system.
+    Lazy,
+}
+
+/// A move of a step (or compensation) from one status to the next, with what
+/// was learnt on the way. `from` makes the write a compare-and-set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub from: StepStatus,
+    pub to: StepStatus,
+    pub external_ref: Option<String>,
+    pub result: Option<Value>,
+    pub error: Option<String>,
+}
+
+impl Outcome {
+    pub fn moving(from: StepStatus, to: StepStatus) -> Self {
+        Outcome {
+            from,
+            to,
+            external_ref: None,
+            result: None,
+            error: None,
+        }
+    }
+}
+
+/// The intent row of a compensation or undo (R8): its own key, its own
+/// lifecycle, written before the compensating call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NewCompensation {
+    pub run_id: Uuid,
+    /// The step being compensated.
+    pub step_idx: i64,
+    /// The operation that compensates (`stripe.refund`, `jira.close` …).
+    pub tool: String,
+    pub idempotency_key: String,
+    pub args: Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Compensation {
+    pub run_id: Uuid,
+    pub step_idx: i64,
+    pub tool: String,
+    pub idempotency_key: String,
+    pub args: Value,
+    pub status: StepStatus,
+    pub external_ref: Option<String>,
+    pub result: Option<Value>,
+    pub error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalKind {
+    /// The whole commit plan of a run.
+    Pivot,
+    /// One held call (irreversible before the pivot, or no compensation).
+    Step,
+}
+
+impl ApprovalKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalKind::Pivot => "pivot",
+            ApprovalKind::Step => "step",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NewApproval {
+    pub run_id: Uuid,
+    pub kind: ApprovalKind,
+    /// The held step, for a single-step approval.
+    pub step_idx: Option<i64>,
+    /// What the approver reads first: the agent's summary or why the call
+    /// was held.
+    pub summary: String,
+    /// The exact plan shown: commit steps for a pivot, the call for a step.
+    pub plan: Value,
+    /// Digest of `plan`; the approve form carries it back (DESIGN.md §4).
+    pub digest: String,
+    /// After this the request is rejected automatically.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Approval {
+    pub id: i64,
+    pub run_id: Uuid,
+    pub kind: ApprovalKind,
+    pub step_idx: Option<i64>,
+    pub summary: String,
+    pub plan: Value,
+    pub digest: String,
+    pub status: ApprovalStatus,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<DateTime<Utc>>,
+    pub note: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A person's decision on an approval, and the run move that goes with it
+/// in the same transaction (AWAITING_APPROVAL → COMMITTING for a pivot).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub approval_id: i64,
+    /// The digest the approver saw; a changed plan refuses the decision.
+    pub digest: String,
+    pub to: ApprovalStatus,
+    pub note: Option<String>,
+    pub run_move: Option<(RunStatus, RunStatus)>,
+}
+
+/// Which record a correction corrects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CorrectionSource {
+    Step,
+    Compensation,
+}
+
+impl CorrectionSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CorrectionSource::Step => "step",
+            CorrectionSource::Compensation => "compensation",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NewCorrection {
+    pub run_id: Uuid,
+    pub step_idx: i64,
+    pub source: CorrectionSource,
+    pub tool: String,
+    pub audience: Audience,
+    pub template: String,
+    pub recipients: Vec<String>,
+    /// `correct:` key of the send (R10).
+    pub idempotency_key: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Correction {
+    pub id: i64,
+    pub run_id: Uuid,
+    pub step_idx: i64,
+    pub source: CorrectionSource,
+    pub tool: String,
+    pub audience: Audience,
+    /// Blast radius: higher is sent (or dismissed) first.
+    pub rank: i64,
+    pub template: String,
+    pub recipients: Vec<String>,
+    /// The text that will go out: the template until someone edits it.
+    pub message: String,
+    pub status: CorrectionStatus,
+    pub idempotency_key: String,
+    /// The send's own lifecycle once it has been attempted.
+    pub send_status: Option<StepStatus>,
+    pub external_ref: Option<String>,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<DateTime<Utc>>,
+    pub dismiss_reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One line of the append-only audit trail.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub id: i64,
+    pub run_id: Option<Uuid>,
+    /// `run`, `step`, `compensation`, `approval`, `correction`, `user`, `token`.
+    pub entity: String,
+    /// The step index, approval id or correction id the event is about.
+    pub entity_id: Option<i64>,
+    pub actor: String,
+    pub from_status: Option<String>,
+    pub to_status: Option<String>,
+    pub detail: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct User {
+    pub id: i64,
+    pub username: String,
+    pub role: Role,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A user with the stored password hash, for sign-in only.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Credentials {
+    pub user: User,
+    pub password_hash: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ApiToken {
+    pub id: i64,
+    pub agent: String,
+    pub label: Option<String>,
+    pub created_at: DateTime<Utc>,
+}

@@ -1,0 +1,493 @@
+//! Step and run statuses, and the one place where their transitions are
+//! judged legal (DESIGN.md §3).
+//!
+//! Every store implementation asks [`check_step_transition`] or
+//! [`check_run_transition`] before it writes a new status, so an illegal move
+//! is refused as a bug instead of silently overwriting what the log says
+//! happened. Strings appear only at the edges (`as_str` / `FromStr`).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Where a non-pure step (or a compensation) stands in its lifecycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum StepStatus {
+    /// The index is reserved and the exact call stored; nothing was sent.
+    AwaitingApproval,
+    /// The intent is on disk; the call may or may not have left.
+    Intended,
+    Confirmed,
+    Failed,
+    /// The call may have had its effect: reconcile before anything else.
+    Unknown,
+    /// Nothing happened; the step may be retried under the same key.
+    NotExecuted,
+    Rejected,
+    Compensated,
+}
+
+impl StepStatus {
+    pub const ALL: [StepStatus; 8] = [
+        StepStatus::AwaitingApproval,
+        StepStatus::Intended,
+        StepStatus::Confirmed,
+        StepStatus::Failed,
+        StepStatus::Unknown,
+        StepStatus::NotExecuted,
+        StepStatus::Rejected,
+        StepStatus::Compensated,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepStatus::AwaitingApproval => "AWAITING_APPROVAL",
+            StepStatus::Intended => "INTENDED",
+            StepStatus::Confirmed => "CONFIRMED",
+            StepStatus::Failed => "FAILED",
+            StepStatus::Unknown => "UNKNOWN",
+            StepStatus::NotExecuted => "NOT_EXECUTED",
+            StepStatus::Rejected => "REJECTED",
+            StepStatus::Compensated => "COMPENSATED",
+        }
+    }
+
+    /// Settled steps need no reconcile: the log knows what happened.
+    pub fn is_settled(self) -> bool {
+        matches!(
+            self,
+            StepStatus::Confirmed
+                | StepStatus::Failed
+                | StepStatus::NotExecuted
+                | StepStatus::Rejected
+                | StepStatus::Compensated
+        )
+    }
+}
+
+/// A saga-log row and a compensation row share statuses but not every move:
+/// only a step can be awaiting approval, rejected or compensated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lifecycle {
+    Step,
+    Compensation,
+}
+
+/// Where a run stands (DESIGN.md §3, "Run statuses").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RunStatus {
+    Running,
+    /// A pivot was proposed and waits for a person.
+    AwaitingApproval,
+    /// The pivot was approved; the commit steps are rolling forward.
+    Committing,
+    Completed,
+    Rejected,
+    Unwinding,
+    Unwound,
+    /// A person must answer a question before the run can move again.
+    NeedsAttention,
+}
+
+impl RunStatus {
+    pub const ALL: [RunStatus; 8] = [
+        RunStatus::Running,
+        RunStatus::AwaitingApproval,
+        RunStatus::Committing,
+        RunStatus::Completed,
+        RunStatus::Rejected,
+        RunStatus::Unwinding,
+        RunStatus::Unwound,
+        RunStatus::NeedsAttention,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "RUNNING",
+            RunStatus::AwaitingApproval => "AWAITING_APPROVAL",
+            RunStatus::Committing => "COMMITTING",
+            RunStatus::Completed => "COMPLETED",
+            RunStatus::Rejected => "REJECTED",
+            RunStatus::Unwinding => "UNWINDING",
+            RunStatus::Unwound => "UNWOUND",
+            RunStatus::NeedsAttention => "NEEDS_ATTENTION",
+        }
+    }
+
+    /// Nothing more happens to a run in these states (short of an approver
+    /// unwinding a completed one).
+    pub fn is_terminal(self) -> bool {
+        matches!(self, RunStatus::Completed | RunStatus::Unwound)
+    }
+}
+
+/// The move asked for is not in DESIGN.md §3's diagram.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("illegal {what} transition {from} -> {to}")]
+pub struct IllegalTransition {
+    pub what: &'static str,
+    pub from: String,
+    pub to: String,
+}
+
+/// The single judge of step and compensation moves.
+pub fn check_step_transition(
+    lifecycle: Lifecycle,
+    from: StepStatus,
+    to: StepStatus,
+) -> Result<(), IllegalTransition> {
+    use StepStatus::*;
+    let legal = match (from, to) {
+        (AwaitingApproval, Intended | Rejected) => lifecycle == Lifecycle::Step,
+        (Intended, Confirmed | Failed | Unknown | NotExecuted) => true,
+        (Unknown, Confirmed | Failed | NotExecuted) => true,
+        (NotExecuted, Intended) => true,
+        (Confirmed, Compensated) => lifecycle == Lifecycle::Step,
+        _ => false,
+    };
+    if legal {
+        Ok(())
+    } else {
+        Err(IllegalTransition {
+            what: match lifecycle {
+                Lifecycle::Step => "step",
+                Lifecycle::Compensation => "compensation",
+            },
+            from: from.as_str().to_owned(),
+            to: to.as_str().to_owned(),
+        })
+    }
+}
+
+/// The single judge of run moves. `resume_to` is the status a run in
+/// NEEDS_ATTENTION returns to once every question is answered.
+pub fn check_run_transition(
+    from: RunStatus,
+    to: RunStatus,
+    resume_to: Option<RunStatus>,
+) -> Result<(), IllegalTransition> {
+    use RunStatus::*;
+    let legal = match (from, to) {
+        (NeedsAttention, back) => resume_to == Some(back),
+        (Running, AwaitingApproval | Unwinding | Completed) => true,
+        // Proposing again replaces the plan and keeps the status; a pivot
+        // never leaves AWAITING_APPROVAL except by a decision.
+        (AwaitingApproval, Committing | Rejected) => true,
+        (Committing, Completed | Unwinding) => true,
+        (Completed, Unwinding) => true,
+        (Rejected, Unwinding) => true,
+        (Unwinding, Unwound) => true,
+        (Running | AwaitingApproval | Committing | Rejected | Unwinding, NeedsAttention) => true,
+        _ => false,
+    };
+    if legal {
+        Ok(())
+    } else {
+        Err(IllegalTransition {
+            what: "run",
+            from: from.as_str().to_owned(),
+            to: to.as_str().to_owned(),
+        })
+    }
+}
+
+/// Where a customer-facing correction stands (R10). Its send has a step
+/// lifecycle of its own (`send_status`), judged by [`check_step_transition`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CorrectionStatus {
+    Pending,
+    /// Signed off by a person; the text is frozen from here on.
+    Approved,
+    Sent,
+    Dismissed,
+}
+
+impl CorrectionStatus {
+    pub const ALL: [CorrectionStatus; 4] = [
+        CorrectionStatus::Pending,
+        CorrectionStatus::Approved,
+        CorrectionStatus::Sent,
+        CorrectionStatus::Dismissed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CorrectionStatus::Pending => "pending",
+            CorrectionStatus::Approved => "approved",
+            CorrectionStatus::Sent => "sent",
+            CorrectionStatus::Dismissed => "dismissed",
+        }
+    }
+}
+
+/// The judge of correction moves: a signed-off correction can only be sent;
+/// nothing comes back from sent or dismissed.
+pub fn check_correction_transition(
+    from: CorrectionStatus,
+    to: CorrectionStatus,
+) -> Result<(), IllegalTransition> {
+    use CorrectionStatus::*;
+    match (from, to) {
+        (Pending, Approved | Dismissed) | (Approved, Sent) => Ok(()),
+        _ => Err(IllegalTransition {
+            what: "correction",
+            from: from.as_str().to_owned(),
+            to: to.as_str().to_owned(),
+        }),
+    }
+}
+
+/// Where an approval request (pivot or single step) stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalStatus {
+    Pending,
+    Approved,
+    Rejected,
+    /// A newer pivot proposal replaced this one.
+    Superseded,
+    /// Left pending past the authorisations' deadline.
+    Expired,
+}
+
+impl ApprovalStatus {
+    pub const ALL: [ApprovalStatus; 5] = [
+        ApprovalStatus::Pending,
+        ApprovalStatus::Approved,
+        ApprovalStatus::Rejected,
+        ApprovalStatus::Superseded,
+        ApprovalStatus::Expired,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalStatus::Pending => "pending",
+            ApprovalStatus::Approved => "approved",
+            ApprovalStatus::Rejected => "rejected",
+            ApprovalStatus::Superseded => "superseded",
+            ApprovalStatus::Expired => "expired",
+        }
+    }
+}
+
+/// The judge of approval moves: only a pending request is decided, once.
+pub fn check_approval_transition(
+    from: ApprovalStatus,
+    to: ApprovalStatus,
+) -> Result<(), IllegalTransition> {
+    if from == ApprovalStatus::Pending && to != ApprovalStatus::Pending {
+        Ok(())
+    } else {
+        Err(IllegalTransition {
+            what: "approval",
+            from: from.as_str().to_owned(),
+            to: to.as_str().to_owned(),
+        })
+    }
+}
+
+/// A status string from storage or the wire that names no status.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} status {value:?}")]
+pub struct UnknownStatus {
+    pub what: &'static str,
+    pub value: String,
+}
+
+impl FromStr for StepStatus {
+    type Err = UnknownStatus;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        StepStatus::ALL
+            .into_iter()
+            .find(|status| status.as_str() == s)
+            .ok_or_else(|| UnknownStatus {
+                what: "step",
+                value: s.to_owned(),
+            })
+    }
+}
+
+impl FromStr for RunStatus {
+    type Err = UnknownStatus;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        RunStatus::ALL
+            .into_iter()
+            .find(|status| status.as_str() == s)
+            .ok_or_else(|| UnknownStatus {
+                what: "run",
+                value: s.to_owned(),
+            })
+    }
+}
+
+impl FromStr for CorrectionStatus {
+    type Err = UnknownStatus;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        CorrectionStatus::ALL
+            .into_iter()
+            .find(|status| status.as_str() == s)
+            .ok_or_else(|| UnknownStatus {
+                what: "correction",
+                value: s.to_owned(),
+            })
+    }
+}
+
+impl FromStr for ApprovalStatus {
+    type Err = UnknownStatus;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ApprovalStatus::ALL
+            .into_iter()
+            .find(|status| status.as_str() == s)
+            .ok_or_else(|| UnknownStatus {
+                what: "approval",
+                value: s.to_owned(),
+            })
+    }
+}
+
+impl fmt::Display for StepStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every pair is checked, so a new arrow in the diagram is a deliberate
+    /// change to this list.
+    #[test]
+    fn step_transitions_are_exactly_the_diagram() {
+        use StepStatus::*;
+        let legal_for_steps = [
+            (AwaitingApproval, Intended),
+            (AwaitingApproval, Rejected),
+            (Intended, Confirmed),
+            (Intended, Failed),
+            (Intended, Unknown),
+            (Intended, NotExecuted),
+            (Unknown, Confirmed),
+            (Unknown, Failed),
+            (Unknown, NotExecuted),
+            (NotExecuted, Intended),
+            (Confirmed, Compensated),
+        ];
+        for from in StepStatus::ALL {
+            for to in StepStatus::ALL {
+                let expected = legal_for_steps.contains(&(from, to));
+                assert_eq!(
+                    check_step_transition(Lifecycle::Step, from, to).is_ok(),
+                    expected,
+                    "{from} -> {to}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn compensations_cannot_await_approval_or_be_compensated() {
+        use StepStatus::*;
+        assert!(check_step_transition(Lifecycle::Compensation, Intended, Unknown).is_ok());
+        assert!(check_step_transition(Lifecycle::Compensation, Unknown, Confirmed).is_ok());
+        assert!(check_step_transition(Lifecycle::Compensation, Confirmed, Compensated).is_err());
+        assert!(check_step_transition(Lifecycle::Compensation, AwaitingApproval, Intended).is_err());
+    }
+
+    #[test]
+    fn run_transitions_follow_the_diagram() {
+        use RunStatus::*;
+        let legal = [
+            (Running, AwaitingApproval),
+            (Running, Unwinding),
+            (Running, Completed),
+            (AwaitingApproval, Committing),
+            (AwaitingApproval, Rejected),
+            (Committing, Completed),
+            (Committing, Unwinding),
+            (Completed, Unwinding),
+            (Rejected, Unwinding),
+            (Unwinding, Unwound),
+            (Running, NeedsAttention),
+            (AwaitingApproval, NeedsAttention),
+            (Committing, NeedsAttention),
+            (Rejected, NeedsAttention),
+            (Unwinding, NeedsAttention),
+        ];
+        for from in RunStatus::ALL {
+            for to in RunStatus::ALL {
+                if from == NeedsAttention {
+                    continue;
+                }
+                assert_eq!(
+                    check_run_transition(from, to, None).is_ok(),
+                    legal.contains(&(from, to)),
+                    "{from} -> {to}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn needs_attention_returns_only_to_where_it_was() {
+        use RunStatus::*;
+        assert!(check_run_transition(NeedsAttention, Committing, Some(Committing)).is_ok());
+        assert!(check_run_transition(NeedsAttention, Completed, Some(Committing)).is_err());
+        assert!(check_run_transition(NeedsAttention, Running, None).is_err());
+    }
+
+    #[test]
+    fn settled_statuses_match_the_design() {
+        let settled: Vec<_> = StepStatus::ALL
+            .into_iter()
+            .filter(|s| s.is_settled())
+            .collect();
+        use StepStatus::*;
+        assert_eq!(
+            settled,
+            vec![Confirmed, Failed, NotExecuted, Rejected, Compensated]
+        );
+    }
+
+    #[test]
+    fn statuses_round_trip_through_their_names() {
+        for s in StepStatus::ALL {
+            assert_eq!(s.as_str().parse::<StepStatus>(), Ok(s));
+        }
+        for s in RunStatus::ALL {
+            assert_eq!(s.as_str().parse::<RunStatus>(), Ok(s));
+        }
+        assert!("DONE".parse::<StepStatus>().is_err());
+    }
+    #[test]
+    fn r10_a_signed_off_correction_is_only_ever_sent() {
+        use CorrectionStatus::*;
+        for from in CorrectionStatus::ALL {
+            for to in CorrectionStatus::ALL {
+                let legal = matches!((from, to), (Pending, Approved) | (Pending, Dismissed) | (Approved, Sent));
+                assert_eq!(check_correction_transition(from, to).is_ok(), legal, "{from:?} -> {to:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_approval_is_decided_once() {
+        use ApprovalStatus::*;
+        for from in ApprovalStatus::ALL {
+            for to in ApprovalStatus::ALL {
+                let legal = from == Pending && to != Pending;
+                assert_eq!(check_approval_transition(from, to).is_ok(), legal, "{from:?} -> {to:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! The storage the saga core needs, in saga terms (DESIGN.md §3, §8).
+//!
+//! Implemented for SQLite and PostgreSQL in `crate::store`; the same contract
+//! test suite (tests/store_contract.rs) runs against both. Every status change
+//! goes through the judges in [`super::status`] and appends an audit event in
+//! the same transaction, and every change is a compare-and-set on the status
+//! the caller last saw, so two harness instances never both win.
+
+use super::model::*;
+use super::status::{CorrectionStatus, IllegalTransition, RunStatus};
+use async_trait::async_trait;
+use uuid::Uuid;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{what} not found")]
+    NotFound { what: String },
+    #[error(transparent)]
+    IllegalTransition(#[from] IllegalTransition),
+    /// The row is no longer in the status the caller read: someone else
+    /// moved it first. Re-read and decide again.
+    #[error("{what} is {actual}, not {expected}: it changed meanwhile")]
+    Stale {
+        what: String,
+        expected: String,
+        actual: String,
+    },
+    /// A new step must take the run's `next_step` (R3).
+    #[error("step {given} is out of order: the run's next step is {expected}")]
+    StepOutOfOrder { given: i64, expected: i64 },
+    #[error("step {step_idx} already exists")]
+    StepExists { step_idx: i64 },
+    /// An idempotency key, username or similar unique value is taken.
+    #[error("{what} already exists")]
+    Duplicate { what: String },
+    /// The approver saw another plan than the one stored now.
+    #[error("the plan changed since it was shown: reload and review it again")]
+    PlanChanged,
+    /// The request cannot be stored as asked (says why).
+    #[error("{0}")]
+    Invalid(String),
+    /// A row in the database that this version cannot read.
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+    #[error("database error: {0}")]
+    Database(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Which backend a store runs on (for messages and metrics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+#[async_trait]
+pub trait SagaStore: Send + Sync + 'static {
+    fn backend(&self) -> Backend;
+
+    // --- runs -------------------------------------------------------------
+
+    /// Creates a run, or returns the agent's existing run with the same
+    /// label. The boolean says whether it was created now.
+    async fn create_run(&self, new: NewRun) -> StoreResult<(Run, bool)>;
+    async fn run(&self, id: Uuid) -> StoreResult<Option<Run>>;
+    /// Newest first.
+    async fn list_runs(&self, limit: i64) -> StoreResult<Vec<Run>>;
+    /// Moves a run; entering NEEDS_ATTENTION remembers where it was, and
+    /// leaving it may only return there.
+    async fn move_run(
+        &self,
+        id: Uuid,
+        from: RunStatus,
+        to: RunStatus,
+        actor: &Actor,
+        detail: Option<&str>,
+    ) -> StoreResult<Run>;
+
+    // --- the saga log -----------------------------------------------------
+
+    /// Commits the intent row durably before anything is sent (R2). The
+    /// index must be the run's `next_step`, which then advances.
+    async fn record_step(&self, new: NewStep, actor: &Actor) -> StoreResult<Step>;
+    /// Moves a step to its outcome; `Durability::Lazy` lets the commit reach
+    /// the disk with the next durable one (DESIGN.md §9).
+    async fn settle_step(
+        &self,
+        run_id: Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+    ) -> StoreResult<Step>;
+    async fn step(&self, run_id: Uuid, step_idx: i64) -> StoreResult<Option<Step>>;
+    async fn steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>>;
+    async fn step_by_key(&self, idempotency_key: &str) -> StoreResult<Option<Step>>;
+
+    // --- compensations ----------------------------------------------------
+
+    /// The compensation's own intent row, durable before the call (R8).
+    async fn record_compensation(
+        &self,
+        new: NewCompensation,
+        actor: &Actor,
+    ) -> StoreResult<Compensation>;
+    async fn settle_compensation(
+        &self,
+        run_id: Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+    ) -> StoreResult<Compensation>;
+    async fn compensations(&self, run_id: Uuid) -> StoreResult<Vec<Compensation>>;
+
+    // --- approvals --------------------------------------------------------
+
+    /// A new request. A pivot request supersedes the run's pending one and
+    /// becomes the run's pivot.
+    /// `run_move` happens in the same transaction (RUNNING → AWAITING_APPROVAL
+    /// when a pivot is first proposed).
+    async fn request_approval(
+        &self,
+        new: NewApproval,
+        run_move: Option<(RunStatus, RunStatus)>,
+        actor: &Actor,
+    ) -> StoreResult<Approval>;
+    /// Decides a pending request, checking the digest the person saw, and
+    /// moves the run in the same transaction. A replay finds it decided.
+    async fn decide_approval(&self, decision: Decision, actor: &Actor) -> StoreResult<Approval>;
+    async fn approval(&self, id: i64) -> StoreResult<Option<Approval>>;
+    async fn approvals(&self, run_id: Uuid) -> StoreResult<Vec<Approval>>;
+    /// Every pending request, oldest first.
+    async fn pending_approvals(&self) -> StoreResult<Vec<Approval>>;
+
+    // --- corrections ------------------------------------------------------
+
+    /// Queues a correction; queuing the same (run, step, source) again
+    /// returns the existing one.
+    async fn queue_correction(&self, new: NewCorrection, actor: &Actor) -> StoreResult<Correction>;
+    /// Edits the text while it is still pending (a signed-off text is frozen).
+    async fn edit_correction(&self, id: i64, message: &str, actor: &Actor) -> StoreResult<Correction>;
+    async fn move_correction(
+        &self,
+        id: i64,
+        from: CorrectionStatus,
+        to: CorrectionStatus,
+        reason: Option<&str>,
+        actor: &Actor,
+    ) -> StoreResult<Correction>;
+    /// The send's own lifecycle (INTENDED → …), like a compensation's.
+    async fn settle_correction_send(
+        &self,
+        id: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+    ) -> StoreResult<Correction>;
+    async fn corrections(&self, run_id: Uuid) -> StoreResult<Vec<Correction>>;
+    /// Pending and approved-but-unsent corrections, highest blast radius
+    /// first, then oldest first.
+    async fn correction_queue(&self) -> StoreResult<Vec<Correction>>;
+
+    // --- audit ------------------------------------------------------------
+
+    /// Oldest first; all runs when `run_id` is `None`.
+    async fn events(&self, run_id: Option<Uuid>, limit: i64) -> StoreResult<Vec<Event>>;
+
+    // --- people and agents ------------------------------------------------
+
+    async fn add_user(
+        &self,
+        username: &str,
+        password_hash: &str,
+        role: super::class::Role,
+    ) -> StoreResult<User>;
+    async fn credentials(&self, username: &str) -> StoreResult<Option<Credentials>>;
+    async fn add_api_token(
+        &self,
+        agent: &str,
+        token_hash: &str,
+        label: Option<&str>,
+    ) -> StoreResult<ApiToken>;
+    /// The agent a (hashed) bearer token belongs to, if it is valid.
+    async fn agent_for_token(&self, token_hash: &str) -> StoreResult<Option<String>>;
+}

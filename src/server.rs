@@ -1,0 +1,271 @@
+//! The server: opens the store, loads the tools file, builds the router
+//! (dashboard, server functions, health check) with sessions, and serves
+//! until a shutdown signal. Tests build it on port 0.
+
+use crate::config::ServeArgs;
+use crate::saga::registry::{Registry, RegistryError};
+use crate::saga::store::{SagaStore, StoreError};
+use crate::store::{self, Opened};
+use crate::ui::{self, SessionUser, SESSION_USER_KEY};
+use axum::body::Body;
+use axum::extract::{FromRef, Request};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::get;
+use axum::Router;
+use leptos::prelude::*;
+use leptos_axum::{generate_route_list, LeptosRoutes};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tower_sessions::cookie::SameSite;
+use tower_sessions::{Expiry, Session, SessionManagerLayer};
+use tower_sessions_sqlx_store::{PostgresStore as PgSessions, SqliteStore as SqliteSessions};
+
+/// What every handler and server function can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub leptos_options: LeptosOptions,
+    pub store: Arc<dyn SagaStore>,
+    pub registry: Arc<Registry>,
+}
+
+impl FromRef<AppState> for LeptosOptions {
+    fn from_ref(state: &AppState) -> Self {
+        state.leptos_options.clone()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("opening the database {url}: {source}")]
+    Store { url: String, source: StoreError },
+    #[error("reading the tools file {path}: {source}")]
+    ToolsUnreadable { path: PathBuf, source: std::io::Error },
+    #[error("the tools file {path} is refused: {source}")]
+    Tools { path: PathBuf, source: RegistryError },
+    #[error("cannot listen on {addr}: {source}. Another program may be using it: pick another address with --bind or SAGA_BIND")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("preparing the session table: {0}")]
+    Sessions(String),
+    #[error("serving: {0}")]
+    Serve(std::io::Error),
+}
+
+pub struct Application {
+    listener: TcpListener,
+    router: Router,
+    state: AppState,
+}
+
+impl Application {
+    pub async fn build(args: ServeArgs) -> Result<Self, ServerError> {
+        let registry = match &args.tools {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| {
+                    ServerError::ToolsUnreadable {
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+                Registry::from_toml(&text).map_err(|source| ServerError::Tools {
+                    path: path.clone(),
+                    source,
+                })?
+            }
+            None => Registry::default(),
+        };
+        let opened = store::open(&args.database.database_url)
+            .await
+            .map_err(|source| ServerError::Store {
+                url: store::redact(&args.database.database_url),
+                source,
+            })?;
+        let listener = TcpListener::bind(args.bind)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: args.bind,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(ServerError::Serve)?;
+        let state = AppState {
+            leptos_options: leptos_options(addr),
+            store: opened.saga_store(),
+            registry: Arc::new(registry),
+        };
+        let router = router(state.clone(), &opened, args.secure_cookies).await?;
+        Ok(Application {
+            listener,
+            router,
+            state,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.state.leptos_options.site_addr
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` resolves, then finishes in-flight requests.
+    pub async fn serve(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        axum::serve(self.listener, self.router.into_make_service())
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(ServerError::Serve)
+    }
+
+    /// Serves until Ctrl-C or SIGTERM.
+    pub async fn serve_until_signal(self) -> anyhow::Result<()> {
+        Ok(self.serve(shutdown_signal()).await?)
+    }
+}
+
+/// Leptos settings: cargo-leptos sets these at build time and the
+/// `LEPTOS_*` variables may override them; the address is ours.
+fn leptos_options(addr: SocketAddr) -> LeptosOptions {
+    let mut options = get_configuration(None)
+        .map(|conf| conf.leptos_options)
+        .unwrap_or_else(|_| LeptosOptions::builder().output_name("saga-harness").build());
+    if options.output_name.is_empty() {
+        options.output_name = "saga-harness".into();
+    }
+    options.site_addr = addr;
+    options
+}
+
+async fn router(state: AppState, opened: &Opened, secure: bool) -> Result<Router, ServerError> {
+    let routes = generate_route_list(ui::App);
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .leptos_routes_with_context(
+            &state,
+            routes,
+            || {},
+            {
+                let options = state.leptos_options.clone();
+                move || ui::shell(options.clone())
+            },
+        )
+        .fallback(leptos_axum::file_and_error_handler::<AppState, _>(ui::shell))
+        .with_state(state)
+        .layer(middleware::from_fn(require_sign_in))
+        .layer(middleware::from_fn(refuse_cross_site_posts));
+    let expiry = Expiry::OnInactivity(tower_sessions::cookie::time::Duration::hours(8));
+    Ok(match opened {
+        Opened::Sqlite(store) => {
+            let sessions = SqliteSessions::new(store.session_pool());
+            sessions
+                .migrate()
+                .await
+                .map_err(|e| ServerError::Sessions(e.to_string()))?;
+            app.layer(session_layer(sessions, expiry, secure))
+        }
+        Opened::Postgres(store) => {
+            let sessions = PgSessions::new(store.session_pool());
+            sessions
+                .migrate()
+                .await
+                .map_err(|e| ServerError::Sessions(e.to_string()))?;
+            app.layer(session_layer(sessions, expiry, secure))
+        }
+    })
+}
+
+fn session_layer<S: tower_sessions::SessionStore + Clone>(
+    store: S,
+    expiry: Expiry,
+    secure: bool,
+) -> SessionManagerLayer<S> {
+    SessionManagerLayer::new(store)
+        .with_name("saga_session")
+        .with_expiry(expiry)
+        .with_same_site(SameSite::Lax)
+        .with_http_only(true)
+        .with_secure(secure)
+}
+
+/// Paths anyone may fetch: the sign-in page, static files, the health
+/// check, and server functions (each checks the session itself).
+fn is_public(path: &str) -> bool {
+    path == "/login"
+        || path == "/healthz"
+        || path == "/favicon.ico"
+        || path.starts_with("/pkg/")
+        || path.starts_with("/api/")
+}
+
+/// Dashboard pages need a signed-in support lead; others go to sign in.
+async fn require_sign_in(session: Session, request: Request<Body>, next: Next) -> Response {
+    if request.method() != Method::GET || is_public(request.uri().path()) {
+        return next.run(request).await;
+    }
+    match session.get::<SessionUser>(SESSION_USER_KEY).await {
+        Ok(Some(_)) => next.run(request).await,
+        Ok(None) => Redirect::to("/login").into_response(),
+        Err(err) => {
+            tracing::error!(%err, "reading the session");
+            (StatusCode::INTERNAL_SERVER_ERROR, "could not read the session").into_response()
+        }
+    }
+}
+
+/// Form posts carry the session cookie; refuse those sent from another
+/// site's page (CSRF). Browsers always send `Origin` on cross-site POSTs.
+async fn refuse_cross_site_posts(request: Request<Body>, next: Next) -> Response {
+    if request.method() == Method::POST {
+        let origin_host = request
+            .headers()
+            .get(header::ORIGIN)
+            .and_then(|v| v.to_str().ok())
+            .map(|origin| origin.split_once("://").map_or(origin, |(_, rest)| rest));
+        let host = request
+            .headers()
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok());
+        // "null" (an opaque origin) never equals a host, so it is refused too.
+        if origin_host.is_some_and(|origin| Some(origin) != host) {
+            return (
+                StatusCode::FORBIDDEN,
+                "cross-site form posts are refused: submit the form from the dashboard itself",
+            )
+                .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(%err, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(%err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,83 @@
+//! Storage: the [`SagaStore`](crate::saga::store::SagaStore) trait
+//! implemented for SQLite (the default) and PostgreSQL, chosen by the
+//! database URL's scheme.
+
+pub mod postgres;
+pub(crate) mod sql;
+pub mod sqlite;
+
+use crate::saga::store::{SagaStore, StoreError, StoreResult};
+use std::sync::Arc;
+
+/// The default database: a file in the working directory.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://saga-harness.db";
+
+/// An opened store, plus the pool the session store should use.
+pub enum Opened {
+    Sqlite(Arc<sqlite::SqliteStore>),
+    Postgres(Arc<postgres::PostgresStore>),
+}
+
+impl Opened {
+    pub fn saga_store(&self) -> Arc<dyn SagaStore> {
+        match self {
+            Opened::Sqlite(store) => store.clone(),
+            Opened::Postgres(store) => store.clone(),
+        }
+    }
+}
+
+/// Opens the backend named by the URL's scheme and migrates it.
+pub async fn open(url: &str) -> StoreResult<Opened> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Opened::Postgres(Arc::new(postgres::PostgresStore::open(url).await?)))
+    } else if url.starts_with("sqlite:") {
+        Ok(Opened::Sqlite(Arc::new(sqlite::SqliteStore::open(url).await?)))
+    } else {
+        Err(StoreError::Invalid(format!(
+            "unsupported database URL {:?}: use sqlite://FILE (the default is {DEFAULT_DATABASE_URL}) \
+             or postgres://USER:PASSWORD@HOST/DATABASE",
+            redact(url)
+        )))
+    }
+}
+
+/// The URL without a password, for error messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            match credentials.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end + 3],
+                    &credentials[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(redact("postgres://saga:hunter2@db:5432/x"), "postgres://saga:***@db:5432/x");
+        assert_eq!(redact("sqlite://saga-harness.db"), "sqlite://saga-harness.db");
+    }
+
+    #[tokio::test]
+    async fn an_unknown_scheme_is_refused_with_the_accepted_forms() {
+        let Err(err) = open("mysql://u:secret@h/db").await else {
+            panic!("mysql accepted")
+        };
+        let message = err.to_string();
+        assert!(message.contains("sqlite://FILE"), "{message}");
+        assert!(!message.contains("secret"), "{message}");
+    }
+}

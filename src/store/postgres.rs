@@ -1,0 +1,67 @@
+//! PostgreSQL, for when one machine is not enough: several harness
+//! instances share one database. Per-run serialisation uses row locks
+//! (`SELECT … FOR UPDATE` on the run), and lazy outcome commits use
+//! `SET LOCAL synchronous_commit = off` (DESIGN.md §9).
+
+use crate::saga::model::Durability;
+use crate::store::sql::saga_store_sql;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgConnection, PgPool, Postgres};
+use std::str::FromStr;
+use std::time::Duration;
+
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// Connects to `url` and applies the migrations.
+    pub async fn open(url: &str) -> StoreResult<Self> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Invalid(format!("bad PostgreSQL URL: {e}")))?;
+        let place = format!(
+            "{}:{}/{}",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or("(default database)")
+        );
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .map_err(|e| StoreError::Database(format!("cannot reach PostgreSQL at {place}: {e}")))?;
+        sqlx::migrate!("./migrations/postgres")
+            .run(&pool)
+            .await
+            .map_err(|e| StoreError::Database(format!("migrating PostgreSQL at {place}: {e}")))?;
+        Ok(PostgresStore { pool })
+    }
+
+    pub fn session_pool(&self) -> PgPool {
+        self.pool.clone()
+    }
+
+    fn reader(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn write(&self, _durability: Durability) -> StoreResult<PoolConnection<Postgres>> {
+        self.pool.acquire().await.map_err(db)
+    }
+
+    /// Lets this transaction's commit return before its WAL is flushed; the
+    /// next durable commit flushes it (the WAL is written in order).
+    async fn lazy_commit(tx: &mut PgConnection, durability: Durability) -> StoreResult<()> {
+        if durability == Durability::Lazy {
+            sqlx::query("SET LOCAL synchronous_commit = off")
+                .execute(tx)
+                .await
+                .map_err(db)?;
+        }
+        Ok(())
+    }
+}
+
+saga_store_sql!(PostgresStore, Postgres, Backend::Postgres, for_update = " FOR UPDATE");

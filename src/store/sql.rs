@@ -1,0 +1,1373 @@
+//! The SQL both backends share. The queries are written once in the common
+//! dialect (`$n` parameters, `RETURNING`, `ON CONFLICT`) and expanded for
+//! each backend's concrete sqlx types by [`saga_store_sql!`]; what differs
+//! (connections, durability, row locks) lives in sqlite.rs and postgres.rs.
+//!
+//! Each backend module provides, before invoking the macro:
+//! - `async fn write(&self, Durability) -> StoreResult<PoolConnection<Db>>`:
+//!   a connection ready for a write transaction at that durability;
+//! - `async fn lazy_commit(tx: &mut Db::Connection, Durability)`: what the
+//!   backend does inside the transaction for a lazy outcome commit;
+//! - `fn reader(&self) -> &Pool<Db>`.
+
+use crate::saga::model::Actor;
+use crate::saga::store::StoreError;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+/// Maps a driver error; unique violations become `Duplicate { what }`.
+pub(crate) fn db_error(err: sqlx::Error, what: impl FnOnce() -> String) -> StoreError {
+    match &err {
+        sqlx::Error::Database(db) if db.is_unique_violation() => {
+            StoreError::Duplicate { what: what() }
+        }
+        _ => StoreError::Database(err.to_string()),
+    }
+}
+
+pub(crate) fn db(err: sqlx::Error) -> StoreError {
+    StoreError::Database(err.to_string())
+}
+
+pub(crate) fn corrupt(column: &str, err: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{column}: {err}"))
+}
+
+pub(crate) fn parse_uuid(column: &str, text: &str) -> Result<Uuid, StoreError> {
+    Uuid::parse_str(text).map_err(|e| corrupt(column, e))
+}
+
+/// One audit-trail line, written in the transaction of the change it records.
+pub(crate) struct EventLine<'a> {
+    pub run_id: Option<Uuid>,
+    pub entity: &'static str,
+    pub entity_id: Option<i64>,
+    pub actor: &'a Actor,
+    pub from: Option<&'a str>,
+    pub to: Option<&'a str>,
+    pub detail: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
+macro_rules! saga_store_sql {
+    ($Store:ident, $Db:ty, $backend:expr, for_update = $for_update:literal) => {
+        use $crate::saga::class::{Audience, Phase, Role, ToolClass};
+        use $crate::saga::model::*;
+        use $crate::saga::status::*;
+        use $crate::saga::store::{Backend, SagaStore, StoreError, StoreResult};
+        use $crate::store::sql::{corrupt, db, db_error, parse_uuid, EventLine};
+        use chrono::Utc;
+        use serde_json::Value;
+        use sqlx::types::Json;
+        use sqlx::{Connection as _, Row as _};
+        use uuid::Uuid;
+
+        type DbRow = <$Db as sqlx::Database>::Row;
+        type DbConn = <$Db as sqlx::Database>::Connection;
+
+        fn text(row: &DbRow, column: &str) -> StoreResult<String> {
+            row.try_get::<String, _>(column).map_err(|e| corrupt(column, e))
+        }
+
+        fn opt_text(row: &DbRow, column: &str) -> StoreResult<Option<String>> {
+            row.try_get::<Option<String>, _>(column).map_err(|e| corrupt(column, e))
+        }
+
+        fn parsed<T: std::str::FromStr>(row: &DbRow, column: &str) -> StoreResult<T>
+        where
+            T::Err: std::fmt::Display,
+        {
+            text(row, column)?.parse::<T>().map_err(|e| corrupt(column, e))
+        }
+
+        fn opt_parsed<T: std::str::FromStr>(row: &DbRow, column: &str) -> StoreResult<Option<T>>
+        where
+            T::Err: std::fmt::Display,
+        {
+            opt_text(row, column)?
+                .map(|t| t.parse::<T>().map_err(|e| corrupt(column, e)))
+                .transpose()
+        }
+
+        fn get<T>(row: &DbRow, column: &str) -> StoreResult<T>
+        where
+            T: for<'r> sqlx::Decode<'r, $Db> + sqlx::Type<$Db>,
+        {
+            row.try_get::<T, _>(column).map_err(|e| corrupt(column, e))
+        }
+
+        fn json(row: &DbRow, column: &str) -> StoreResult<Value> {
+            Ok(get::<Json<Value>>(row, column)?.0)
+        }
+
+        fn opt_json(row: &DbRow, column: &str) -> StoreResult<Option<Value>> {
+            Ok(get::<Option<Json<Value>>>(row, column)?.map(|j| j.0))
+        }
+
+        fn run_from(row: &DbRow) -> StoreResult<Run> {
+            Ok(Run {
+                id: parse_uuid("runs.id", &text(row, "id")?)?,
+                agent: text(row, "agent")?,
+                label: opt_text(row, "label")?,
+                purpose: text(row, "purpose")?,
+                status: parsed(row, "status")?,
+                resume_to: opt_parsed(row, "resume_to")?,
+                next_step: get(row, "next_step")?,
+                pivot_approval_id: get(row, "pivot_approval_id")?,
+                irreversible_before_pivot: get(row, "irreversible_before_pivot")?,
+                created_at: get(row, "created_at")?,
+                updated_at: get(row, "updated_at")?,
+            })
+        }
+
+        fn step_from(row: &DbRow) -> StoreResult<Step> {
+            Ok(Step {
+                run_id: parse_uuid("saga_log.run_id", &text(row, "run_id")?)?,
+                step_idx: get(row, "step_idx")?,
+                tool: text(row, "tool")?,
+                tool_class: parsed::<ToolClass>(row, "tool_class")?,
+                idempotency_key: text(row, "idempotency_key")?,
+                args: json(row, "args")?,
+                status: parsed(row, "status")?,
+                external_ref: opt_text(row, "external_ref")?,
+                compensation: opt_json(row, "compensation")?,
+                audience: parsed::<Audience>(row, "audience")?,
+                result: opt_json(row, "result")?,
+                error: opt_text(row, "error")?,
+                phase: parsed::<Phase>(row, "phase")?,
+                approved_individually: get(row, "approved_individually")?,
+                created_at: get(row, "created_at")?,
+                updated_at: get(row, "updated_at")?,
+            })
+        }
+
+        fn compensation_from(row: &DbRow) -> StoreResult<Compensation> {
+            Ok(Compensation {
+                run_id: parse_uuid("compensations.run_id", &text(row, "run_id")?)?,
+                step_idx: get(row, "step_idx")?,
+                tool: text(row, "tool")?,
+                idempotency_key: text(row, "idempotency_key")?,
+                args: json(row, "args")?,
+                status: parsed(row, "status")?,
+                external_ref: opt_text(row, "external_ref")?,
+                result: opt_json(row, "result")?,
+                error: opt_text(row, "error")?,
+                created_at: get(row, "created_at")?,
+                updated_at: get(row, "updated_at")?,
+            })
+        }
+
+        fn approval_from(row: &DbRow) -> StoreResult<Approval> {
+            let kind = match text(row, "kind")?.as_str() {
+                "pivot" => ApprovalKind::Pivot,
+                "step" => ApprovalKind::Step,
+                other => return Err(corrupt("approvals.kind", other)),
+            };
+            Ok(Approval {
+                id: get(row, "id")?,
+                run_id: parse_uuid("approvals.run_id", &text(row, "run_id")?)?,
+                kind,
+                step_idx: get(row, "step_idx")?,
+                summary: text(row, "summary")?,
+                plan: json(row, "plan")?,
+                digest: text(row, "digest")?,
+                status: parsed(row, "status")?,
+                expires_at: get(row, "expires_at")?,
+                decided_by: opt_text(row, "decided_by")?,
+                decided_at: get(row, "decided_at")?,
+                note: opt_text(row, "note")?,
+                created_at: get(row, "created_at")?,
+            })
+        }
+
+        fn correction_from(row: &DbRow) -> StoreResult<Correction> {
+            let source = match text(row, "source")?.as_str() {
+                "step" => CorrectionSource::Step,
+                "compensation" => CorrectionSource::Compensation,
+                other => return Err(corrupt("corrections.source", other)),
+            };
+            Ok(Correction {
+                id: get(row, "id")?,
+                run_id: parse_uuid("corrections.run_id", &text(row, "run_id")?)?,
+                step_idx: get(row, "step_idx")?,
+                source,
+                tool: text(row, "tool")?,
+                audience: parsed::<Audience>(row, "audience")?,
+                rank: get(row, "rank")?,
+                template: text(row, "template")?,
+                recipients: get::<Json<Vec<String>>>(row, "recipients")?.0,
+                message: text(row, "message")?,
+                status: parsed(row, "status")?,
+                idempotency_key: text(row, "idempotency_key")?,
+                send_status: opt_parsed(row, "send_status")?,
+                external_ref: opt_text(row, "external_ref")?,
+                decided_by: opt_text(row, "decided_by")?,
+                decided_at: get(row, "decided_at")?,
+                dismiss_reason: opt_text(row, "dismiss_reason")?,
+                created_at: get(row, "created_at")?,
+                updated_at: get(row, "updated_at")?,
+            })
+        }
+
+        fn event_from(row: &DbRow) -> StoreResult<Event> {
+            Ok(Event {
+                id: get(row, "id")?,
+                run_id: opt_text(row, "run_id")?
+                    .map(|t| parse_uuid("events.run_id", &t))
+                    .transpose()?,
+                entity: text(row, "entity")?,
+                entity_id: get(row, "entity_id")?,
+                actor: text(row, "actor")?,
+                from_status: opt_text(row, "from_status")?,
+                to_status: opt_text(row, "to_status")?,
+                detail: opt_text(row, "detail")?,
+                at: get(row, "at")?,
+            })
+        }
+
+        fn user_from(row: &DbRow) -> StoreResult<User> {
+            Ok(User {
+                id: get(row, "id")?,
+                username: text(row, "username")?,
+                role: parsed::<Role>(row, "role")?,
+                created_at: get(row, "created_at")?,
+            })
+        }
+
+        async fn append_event(conn: &mut DbConn, line: EventLine<'_>) -> StoreResult<()> {
+            sqlx::query(
+                "INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .bind(line.run_id.map(|id| id.to_string()))
+            .bind(line.entity)
+            .bind(line.entity_id)
+            .bind(line.actor.to_string())
+            .bind(line.from)
+            .bind(line.to)
+            .bind(line.detail)
+            .bind(line.at)
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?;
+            Ok(())
+        }
+
+        /// Reads a run's row, locked for the rest of the transaction where
+        /// the backend has row locks (per-run serialisation across processes).
+        async fn lock_run(conn: &mut DbConn, id: Uuid) -> StoreResult<Run> {
+            let row = sqlx::query(concat!("SELECT * FROM runs WHERE id = $1", $for_update))
+                .bind(id.to_string())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(db)?
+                .ok_or_else(|| StoreError::NotFound { what: format!("run {id}") })?;
+            run_from(&row)
+        }
+
+        /// The one place a run's status is written.
+        async fn apply_run_move(
+            conn: &mut DbConn,
+            id: Uuid,
+            from: RunStatus,
+            to: RunStatus,
+            actor: &Actor,
+            detail: Option<&str>,
+        ) -> StoreResult<Run> {
+            let current = lock_run(conn, id).await?;
+            if current.status != from {
+                return Err(StoreError::Stale {
+                    what: format!("run {id}"),
+                    expected: from.to_string(),
+                    actual: current.status.to_string(),
+                });
+            }
+            check_run_transition(from, to, current.resume_to)?;
+            let resume_to = if to == RunStatus::NeedsAttention {
+                Some(from)
+            } else {
+                None
+            };
+            let now = Utc::now();
+            let row = sqlx::query(
+                "UPDATE runs SET status = $1, resume_to = $2, updated_at = $3 WHERE id = $4 RETURNING *",
+            )
+            .bind(to.as_str())
+            .bind(resume_to.map(|s| s.as_str()))
+            .bind(now)
+            .bind(id.to_string())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db)?;
+            append_event(
+                conn,
+                EventLine {
+                    run_id: Some(id),
+                    entity: "run",
+                    entity_id: None,
+                    actor,
+                    from: Some(from.as_str()),
+                    to: Some(to.as_str()),
+                    detail: detail.map(str::to_owned),
+                    at: now,
+                },
+            )
+            .await?;
+            run_from(&row)
+        }
+
+        /// Why a compare-and-set found nothing: the row is missing, or it
+        /// moved on.
+        async fn missing_or_stale(
+            conn: &mut DbConn,
+            sql: &'static str,
+            what: String,
+            run_id: Uuid,
+            step_idx: i64,
+            expected: StepStatus,
+        ) -> StoreError {
+            let found = sqlx::query(sql)
+                .bind(run_id.to_string())
+                .bind(step_idx)
+                .fetch_optional(&mut *conn)
+                .await;
+            match found {
+                Ok(Some(row)) => match text(&row, "status") {
+                    Ok(actual) => StoreError::Stale {
+                        what,
+                        expected: expected.to_string(),
+                        actual,
+                    },
+                    Err(e) => e,
+                },
+                Ok(None) => StoreError::NotFound { what },
+                Err(e) => db(e),
+            }
+        }
+
+        async fn commit(tx: sqlx::Transaction<'_, $Db>) -> StoreResult<()> {
+            tx.commit().await.map_err(db)
+        }
+
+        #[async_trait::async_trait]
+        impl SagaStore for $Store {
+            fn backend(&self) -> Backend {
+                $backend
+            }
+
+            async fn create_run(&self, new: NewRun) -> StoreResult<(Run, bool)> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let id = Uuid::new_v4();
+                let now = Utc::now();
+                let inserted = sqlx::query(
+                    "INSERT INTO runs (id, agent, label, purpose, status, next_step, irreversible_before_pivot, created_at, updated_at)
+                     VALUES ($1, $2, $3, $4, $5, 0, 0, $6, $6)
+                     ON CONFLICT (agent, label) DO NOTHING",
+                )
+                .bind(id.to_string())
+                .bind(&new.agent)
+                .bind(&new.label)
+                .bind(&new.purpose)
+                .bind(RunStatus::Running.as_str())
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?
+                .rows_affected()
+                    == 1;
+                let row = if inserted {
+                    append_event(
+                        &mut tx,
+                        EventLine {
+                            run_id: Some(id),
+                            entity: "run",
+                            entity_id: None,
+                            actor: &Actor::Agent(new.agent.clone()),
+                            from: None,
+                            to: Some(RunStatus::Running.as_str()),
+                            detail: Some(new.purpose.clone()),
+                            at: now,
+                        },
+                    )
+                    .await?;
+                    sqlx::query("SELECT * FROM runs WHERE id = $1")
+                        .bind(id.to_string())
+                        .fetch_one(&mut *tx)
+                        .await
+                } else {
+                    sqlx::query("SELECT * FROM runs WHERE agent = $1 AND label = $2")
+                        .bind(&new.agent)
+                        .bind(&new.label)
+                        .fetch_one(&mut *tx)
+                        .await
+                }
+                .map_err(db)?;
+                commit(tx).await?;
+                Ok((run_from(&row)?, inserted))
+            }
+
+            async fn run(&self, id: Uuid) -> StoreResult<Option<Run>> {
+                sqlx::query("SELECT * FROM runs WHERE id = $1")
+                    .bind(id.to_string())
+                    .fetch_optional(self.reader())
+                    .await
+                    .map_err(db)?
+                    .as_ref()
+                    .map(run_from)
+                    .transpose()
+            }
+
+            async fn list_runs(&self, limit: i64) -> StoreResult<Vec<Run>> {
+                sqlx::query("SELECT * FROM runs ORDER BY created_at DESC, id LIMIT $1")
+                    .bind(limit)
+                    .fetch_all(self.reader())
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(run_from)
+                    .collect()
+            }
+
+            async fn move_run(
+                &self,
+                id: Uuid,
+                from: RunStatus,
+                to: RunStatus,
+                actor: &Actor,
+                detail: Option<&str>,
+            ) -> StoreResult<Run> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let run = apply_run_move(&mut tx, id, from, to, actor, detail).await?;
+                commit(tx).await?;
+                Ok(run)
+            }
+
+            async fn record_step(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
+                if new.tool_class == ToolClass::Pure {
+                    return Err(StoreError::Invalid(format!(
+                        "{} is pure: pure calls are never written to the saga log (R2)",
+                        new.tool
+                    )));
+                }
+                if !matches!(new.status, StepStatus::Intended | StepStatus::AwaitingApproval) {
+                    return Err(StoreError::Invalid(format!(
+                        "a new step starts INTENDED or AWAITING_APPROVAL, not {}",
+                        new.status
+                    )));
+                }
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let run = lock_run(&mut tx, new.run_id).await?;
+                if new.step_idx < run.next_step {
+                    return Err(StoreError::StepExists { step_idx: new.step_idx });
+                }
+                if new.step_idx > run.next_step {
+                    return Err(StoreError::StepOutOfOrder {
+                        given: new.step_idx,
+                        expected: run.next_step,
+                    });
+                }
+                let now = Utc::now();
+                let row = sqlx::query(
+                    "INSERT INTO saga_log (run_id, step_idx, tool, tool_class, idempotency_key, args, status,
+                        compensation, audience, phase, approved_individually, created_at, updated_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)
+                     RETURNING *",
+                )
+                .bind(new.run_id.to_string())
+                .bind(new.step_idx)
+                .bind(&new.tool)
+                .bind(new.tool_class.as_str())
+                .bind(&new.idempotency_key)
+                .bind(Json(&new.args))
+                .bind(new.status.as_str())
+                .bind(new.compensation.as_ref().map(Json))
+                .bind(new.audience.as_str())
+                .bind(new.phase.as_str())
+                .bind(false)
+                .bind(now)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
+                let counts = new.tool_class == ToolClass::Irreversible
+                    && new.phase == Phase::BeforePivot
+                    && new.status == StepStatus::Intended;
+                sqlx::query(
+                    "UPDATE runs SET next_step = next_step + 1,
+                        irreversible_before_pivot = irreversible_before_pivot + $1, updated_at = $2
+                     WHERE id = $3",
+                )
+                .bind(i64::from(counts))
+                .bind(now)
+                .bind(new.run_id.to_string())
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(new.run_id),
+                        entity: "step",
+                        entity_id: Some(new.step_idx),
+                        actor,
+                        from: None,
+                        to: Some(new.status.as_str()),
+                        detail: Some(format!("{} key={}", new.tool, new.idempotency_key)),
+                        at: now,
+                    },
+                )
+                .await?;
+                commit(tx).await?;
+                step_from(&row)
+            }
+
+            async fn settle_step(
+                &self,
+                run_id: Uuid,
+                step_idx: i64,
+                outcome: Outcome,
+                durability: Durability,
+                actor: &Actor,
+            ) -> StoreResult<Step> {
+                check_step_transition(Lifecycle::Step, outcome.from, outcome.to)?;
+                let mut conn = self.write(durability).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                Self::lazy_commit(&mut tx, durability).await?;
+                let now = Utc::now();
+                let found = sqlx::query(
+                    "UPDATE saga_log SET status = $1, external_ref = COALESCE($2, external_ref),
+                        result = COALESCE($3, result), error = COALESCE($4, error), updated_at = $5
+                     WHERE run_id = $6 AND step_idx = $7 AND status = $8
+                     RETURNING *",
+                )
+                .bind(outcome.to.as_str())
+                .bind(&outcome.external_ref)
+                .bind(outcome.result.as_ref().map(Json))
+                .bind(&outcome.error)
+                .bind(now)
+                .bind(run_id.to_string())
+                .bind(step_idx)
+                .bind(outcome.from.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
+                let Some(row) = found else {
+                    return Err(missing_or_stale(
+                        &mut tx,
+                        "SELECT status FROM saga_log WHERE run_id = $1 AND step_idx = $2",
+                        format!("step {step_idx} of run {run_id}"),
+                        run_id,
+                        step_idx,
+                        outcome.from,
+                    )
+                    .await);
+                };
+                let mut step = step_from(&row)?;
+                // An irreversible call held before the pivot runs on its own
+                // approval: counted against the run, and marked as approved.
+                if outcome.from == StepStatus::AwaitingApproval
+                    && outcome.to == StepStatus::Intended
+                    && step.tool_class == ToolClass::Irreversible
+                    && step.phase == Phase::BeforePivot
+                {
+                    sqlx::query("UPDATE saga_log SET approved_individually = $1 WHERE run_id = $2 AND step_idx = $3")
+                        .bind(true)
+                        .bind(run_id.to_string())
+                        .bind(step_idx)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    sqlx::query("UPDATE runs SET irreversible_before_pivot = irreversible_before_pivot + 1 WHERE id = $1")
+                        .bind(run_id.to_string())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    step.approved_individually = true;
+                }
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(run_id),
+                        entity: "step",
+                        entity_id: Some(step_idx),
+                        actor,
+                        from: Some(outcome.from.as_str()),
+                        to: Some(outcome.to.as_str()),
+                        detail: outcome.external_ref.clone().or(outcome.error.clone()),
+                        at: now,
+                    },
+                )
+                .await?;
+                commit(tx).await?;
+                Ok(step)
+            }
+
+            async fn step(&self, run_id: Uuid, step_idx: i64) -> StoreResult<Option<Step>> {
+                sqlx::query("SELECT * FROM saga_log WHERE run_id = $1 AND step_idx = $2")
+                    .bind(run_id.to_string())
+                    .bind(step_idx)
+                    .fetch_optional(self.reader())
+                    .await
+                    .map_err(db)?
+                    .as_ref()
+                    .map(step_from)
+                    .transpose()
+            }
+
+            async fn steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
+                sqlx::query("SELECT * FROM saga_log WHERE run_id = $1 ORDER BY step_idx")
+                    .bind(run_id.to_string())
+                    .fetch_all(self.reader())
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(step_from)
+                    .collect()
+            }
+
+            async fn step_by_key(&self, idempotency_key: &str) -> StoreResult<Option<Step>> {
+                sqlx::query("SELECT * FROM saga_log WHERE idempotency_key = $1")
+                    .bind(idempotency_key)
+                    .fetch_optional(self.reader())
+                    .await
+                    .map_err(db)?
+                    .as_ref()
+                    .map(step_from)
+                    .transpose()
+            }
+
+            async fn record_compensation(
+                &self,
+                new: NewCompensation,
+                actor: &Actor,
+            ) -> StoreResult<Compensation> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let step_status = sqlx::query("SELECT status FROM saga_log WHERE run_id = $1 AND step_idx = $2")
+                    .bind(new.run_id.to_string())
+                    .bind(new.step_idx)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .ok_or_else(|| StoreError::NotFound {
+                        what: format!("step {} of run {}", new.step_idx, new.run_id),
+                    })?;
+                let step_status: StepStatus = parsed(&step_status, "status")?;
+                if step_status != StepStatus::Confirmed {
+                    return Err(StoreError::Invalid(format!(
+                        "step {} is {step_status}: only a confirmed step is compensated",
+                        new.step_idx
+                    )));
+                }
+                let now = Utc::now();
+                let row = sqlx::query(
+                    "INSERT INTO compensations (run_id, step_idx, tool, idempotency_key, args, status, created_at, updated_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
+                     RETURNING *",
+                )
+                .bind(new.run_id.to_string())
+                .bind(new.step_idx)
+                .bind(&new.tool)
+                .bind(&new.idempotency_key)
+                .bind(Json(&new.args))
+                .bind(StepStatus::Intended.as_str())
+                .bind(now)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| db_error(e, || format!("compensation of step {}", new.step_idx)))?;
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(new.run_id),
+                        entity: "compensation",
+                        entity_id: Some(new.step_idx),
+                        actor,
+                        from: None,
+                        to: Some(StepStatus::Intended.as_str()),
+                        detail: Some(format!("{} key={}", new.tool, new.idempotency_key)),
+                        at: now,
+                    },
+                )
+                .await?;
+                commit(tx).await?;
+                compensation_from(&row)
+            }
+
+            async fn settle_compensation(
+                &self,
+                run_id: Uuid,
+                step_idx: i64,
+                outcome: Outcome,
+                durability: Durability,
+                actor: &Actor,
+            ) -> StoreResult<Compensation> {
+                check_step_transition(Lifecycle::Compensation, outcome.from, outcome.to)?;
+                let mut conn = self.write(durability).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                Self::lazy_commit(&mut tx, durability).await?;
+                let now = Utc::now();
+                let found = sqlx::query(
+                    "UPDATE compensations SET status = $1, external_ref = COALESCE($2, external_ref),
+                        result = COALESCE($3, result), error = COALESCE($4, error), updated_at = $5
+                     WHERE run_id = $6 AND step_idx = $7 AND status = $8
+                     RETURNING *",
+                )
+                .bind(outcome.to.as_str())
+                .bind(&outcome.external_ref)
+                .bind(outcome.result.as_ref().map(Json))
+                .bind(&outcome.error)
+                .bind(now)
+                .bind(run_id.to_string())
+                .bind(step_idx)
+                .bind(outcome.from.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
+                let Some(row) = found else {
+                    return Err(missing_or_stale(
+                        &mut tx,
+                        "SELECT status FROM compensations WHERE run_id = $1 AND step_idx = $2",
+                        format!("compensation of step {step_idx} of run {run_id}"),
+                        run_id,
+                        step_idx,
+                        outcome.from,
+                    )
+                    .await);
+                };
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(run_id),
+                        entity: "compensation",
+                        entity_id: Some(step_idx),
+                        actor,
+                        from: Some(outcome.from.as_str()),
+                        to: Some(outcome.to.as_str()),
+                        detail: outcome.external_ref.clone().or(outcome.error.clone()),
+                        at: now,
+                    },
+                )
+                .await?;
+                // A confirmed compensation settles its step as COMPENSATED in
+                // the same commit, so the two can never disagree.
+                if outcome.to == StepStatus::Confirmed {
+                    check_step_transition(Lifecycle::Step, StepStatus::Confirmed, StepStatus::Compensated)?;
+                    let moved = sqlx::query(
+                        "UPDATE saga_log SET status = $1, updated_at = $2
+                         WHERE run_id = $3 AND step_idx = $4 AND status = $5",
+                    )
+                    .bind(StepStatus::Compensated.as_str())
+                    .bind(now)
+                    .bind(run_id.to_string())
+                    .bind(step_idx)
+                    .bind(StepStatus::Confirmed.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .rows_affected();
+                    if moved != 1 {
+                        return Err(missing_or_stale(
+                            &mut tx,
+                            "SELECT status FROM saga_log WHERE run_id = $1 AND step_idx = $2",
+                            format!("step {step_idx} of run {run_id}"),
+                            run_id,
+                            step_idx,
+                            StepStatus::Confirmed,
+                        )
+                        .await);
+                    }
+                    append_event(
+                        &mut tx,
+                        EventLine {
+                            run_id: Some(run_id),
+                            entity: "step",
+                            entity_id: Some(step_idx),
+                            actor,
+                            from: Some(StepStatus::Confirmed.as_str()),
+                            to: Some(StepStatus::Compensated.as_str()),
+                            detail: None,
+                            at: now,
+                        },
+                    )
+                    .await?;
+                }
+                commit(tx).await?;
+                compensation_from(&row)
+            }
+
+            async fn compensations(&self, run_id: Uuid) -> StoreResult<Vec<Compensation>> {
+                sqlx::query("SELECT * FROM compensations WHERE run_id = $1 ORDER BY created_at, step_idx")
+                    .bind(run_id.to_string())
+                    .fetch_all(self.reader())
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(compensation_from)
+                    .collect()
+            }
+
+            async fn request_approval(
+                &self,
+                new: NewApproval,
+                run_move: Option<(RunStatus, RunStatus)>,
+                actor: &Actor,
+            ) -> StoreResult<Approval> {
+                if new.kind == ApprovalKind::Step && new.step_idx.is_none() {
+                    return Err(StoreError::Invalid("a single-step approval names its step".into()));
+                }
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                lock_run(&mut tx, new.run_id).await?;
+                let now = Utc::now();
+                if new.kind == ApprovalKind::Pivot {
+                    let superseded = sqlx::query(
+                        "UPDATE approvals SET status = $1 WHERE run_id = $2 AND kind = 'pivot' AND status = $3 RETURNING id",
+                    )
+                    .bind(ApprovalStatus::Superseded.as_str())
+                    .bind(new.run_id.to_string())
+                    .bind(ApprovalStatus::Pending.as_str())
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                    for row in superseded {
+                        append_event(
+                            &mut tx,
+                            EventLine {
+                                run_id: Some(new.run_id),
+                                entity: "approval",
+                                entity_id: Some(get(&row, "id")?),
+                                actor,
+                                from: Some(ApprovalStatus::Pending.as_str()),
+                                to: Some(ApprovalStatus::Superseded.as_str()),
+                                detail: Some("a new plan was proposed".into()),
+                                at: now,
+                            },
+                        )
+                        .await?;
+                    }
+                }
+                let row = sqlx::query(
+                    "INSERT INTO approvals (run_id, kind, step_idx, summary, plan, digest, status, expires_at, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                     RETURNING *",
+                )
+                .bind(new.run_id.to_string())
+                .bind(new.kind.as_str())
+                .bind(new.step_idx)
+                .bind(&new.summary)
+                .bind(Json(&new.plan))
+                .bind(&new.digest)
+                .bind(ApprovalStatus::Pending.as_str())
+                .bind(new.expires_at)
+                .bind(now)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db)?;
+                let approval = approval_from(&row)?;
+                if new.kind == ApprovalKind::Pivot {
+                    sqlx::query("UPDATE runs SET pivot_approval_id = $1, updated_at = $2 WHERE id = $3")
+                        .bind(approval.id)
+                        .bind(now)
+                        .bind(new.run_id.to_string())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                }
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(new.run_id),
+                        entity: "approval",
+                        entity_id: Some(approval.id),
+                        actor,
+                        from: None,
+                        to: Some(ApprovalStatus::Pending.as_str()),
+                        detail: Some(format!("{} approval requested", new.kind.as_str())),
+                        at: now,
+                    },
+                )
+                .await?;
+                if let Some((from, to)) = run_move {
+                    apply_run_move(&mut tx, new.run_id, from, to, actor, Some("approval requested")).await?;
+                }
+                commit(tx).await?;
+                Ok(approval)
+            }
+
+            async fn decide_approval(&self, decision: Decision, actor: &Actor) -> StoreResult<Approval> {
+                check_approval_transition(ApprovalStatus::Pending, decision.to)?;
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let row = sqlx::query(concat!("SELECT * FROM approvals WHERE id = $1", $for_update))
+                    .bind(decision.approval_id)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .ok_or_else(|| StoreError::NotFound {
+                        what: format!("approval {}", decision.approval_id),
+                    })?;
+                let current = approval_from(&row)?;
+                if current.status == decision.to {
+                    // A second click or a replay: already done.
+                    return Ok(current);
+                }
+                check_approval_transition(current.status, decision.to)?;
+                if current.digest != decision.digest {
+                    return Err(StoreError::PlanChanged);
+                }
+                let now = Utc::now();
+                let row = sqlx::query(
+                    "UPDATE approvals SET status = $1, decided_by = $2, decided_at = $3, note = $4
+                     WHERE id = $5 AND status = $6 RETURNING *",
+                )
+                .bind(decision.to.as_str())
+                .bind(actor.to_string())
+                .bind(now)
+                .bind(&decision.note)
+                .bind(decision.approval_id)
+                .bind(ApprovalStatus::Pending.as_str())
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db)?;
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(current.run_id),
+                        entity: "approval",
+                        entity_id: Some(current.id),
+                        actor,
+                        from: Some(ApprovalStatus::Pending.as_str()),
+                        to: Some(decision.to.as_str()),
+                        detail: decision.note.clone(),
+                        at: now,
+                    },
+                )
+                .await?;
+                if let Some((from, to)) = decision.run_move {
+                    apply_run_move(&mut tx, current.run_id, from, to, actor, Some("approval decided")).await?;
+                }
+                commit(tx).await?;
+                approval_from(&row)
+            }
+
+            async fn approval(&self, id: i64) -> StoreResult<Option<Approval>> {
+                sqlx::query("SELECT * FROM approvals WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(self.reader())
+                    .await
+                    .map_err(db)?
+                    .as_ref()
+                    .map(approval_from)
+                    .transpose()
+            }
+
+            async fn approvals(&self, run_id: Uuid) -> StoreResult<Vec<Approval>> {
+                sqlx::query("SELECT * FROM approvals WHERE run_id = $1 ORDER BY id")
+                    .bind(run_id.to_string())
+                    .fetch_all(self.reader())
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(approval_from)
+                    .collect()
+            }
+
+            async fn pending_approvals(&self) -> StoreResult<Vec<Approval>> {
+                sqlx::query("SELECT * FROM approvals WHERE status = $1 ORDER BY created_at, id")
+                    .bind(ApprovalStatus::Pending.as_str())
+                    .fetch_all(self.reader())
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(approval_from)
+                    .collect()
+            }
+
+            async fn queue_correction(&self, new: NewCorrection, actor: &Actor) -> StoreResult<Correction> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let now = Utc::now();
+                let inserted = sqlx::query(
+                    "INSERT INTO corrections (run_id, step_idx, source, tool, audience, rank, template, recipients,
+                        message, status, idempotency_key, created_at, updated_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $7, $9, $10, $11, $11)
+                     ON CONFLICT (run_id, step_idx, source) DO NOTHING",
+                )
+                .bind(new.run_id.to_string())
+                .bind(new.step_idx)
+                .bind(new.source.as_str())
+                .bind(&new.tool)
+                .bind(new.audience.as_str())
+                .bind(new.audience.blast_radius())
+                .bind(&new.template)
+                .bind(Json(&new.recipients))
+                .bind(CorrectionStatus::Pending.as_str())
+                .bind(&new.idempotency_key)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_error(e, || format!("correction key {}", new.idempotency_key)))?
+                .rows_affected()
+                    == 1;
+                let row = sqlx::query("SELECT * FROM corrections WHERE run_id = $1 AND step_idx = $2 AND source = $3")
+                    .bind(new.run_id.to_string())
+                    .bind(new.step_idx)
+                    .bind(new.source.as_str())
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                let correction = correction_from(&row)?;
+                if inserted {
+                    append_event(
+                        &mut tx,
+                        EventLine {
+                            run_id: Some(new.run_id),
+                            entity: "correction",
+                            entity_id: Some(correction.id),
+                            actor,
+                            from: None,
+                            to: Some(CorrectionStatus::Pending.as_str()),
+                            detail: Some(format!("{} audience, {} recipient(s)", new.audience, new.recipients.len())),
+                            at: now,
+                        },
+                    )
+                    .await?;
+                }
+                commit(tx).await?;
+                Ok(correction)
+            }
+
+            async fn edit_correction(&self, id: i64, message: &str, actor: &Actor) -> StoreResult<Correction> {
+                if message.trim().is_empty() {
+                    return Err(StoreError::Invalid("a correction's message cannot be empty".into()));
+                }
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let now = Utc::now();
+                let found = sqlx::query(
+                    "UPDATE corrections SET message = $1, updated_at = $2 WHERE id = $3 AND status = $4 RETURNING *",
+                )
+                .bind(message)
+                .bind(now)
+                .bind(id)
+                .bind(CorrectionStatus::Pending.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
+                let Some(row) = found else {
+                    let status = sqlx::query("SELECT status FROM corrections WHERE id = $1")
+                        .bind(id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    return Err(match status {
+                        Some(row) => StoreError::Invalid(format!(
+                            "correction {id} is {}: only a pending correction's text can change",
+                            text(&row, "status")?
+                        )),
+                        None => StoreError::NotFound { what: format!("correction {id}") },
+                    });
+                };
+                let correction = correction_from(&row)?;
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(correction.run_id),
+                        entity: "correction",
+                        entity_id: Some(id),
+                        actor,
+                        from: None,
+                        to: None,
+                        detail: Some("message edited".into()),
+                        at: now,
+                    },
+                )
+                .await?;
+                commit(tx).await?;
+                Ok(correction)
+            }
+
+            async fn move_correction(
+                &self,
+                id: i64,
+                from: CorrectionStatus,
+                to: CorrectionStatus,
+                reason: Option<&str>,
+                actor: &Actor,
+            ) -> StoreResult<Correction> {
+                check_correction_transition(from, to)?;
+                if to == CorrectionStatus::Sent {
+                    return Err(StoreError::Invalid(
+                        "a correction becomes sent only when its send is confirmed".into(),
+                    ));
+                }
+                if to == CorrectionStatus::Dismissed && reason.map_or(true, |r| r.trim().is_empty()) {
+                    return Err(StoreError::Invalid("dismissing a correction needs a reason".into()));
+                }
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let now = Utc::now();
+                let found = sqlx::query(
+                    "UPDATE corrections SET status = $1, decided_by = $2, decided_at = $3,
+                        dismiss_reason = COALESCE($4, dismiss_reason), updated_at = $3
+                     WHERE id = $5 AND status = $6 RETURNING *",
+                )
+                .bind(to.as_str())
+                .bind(actor.to_string())
+                .bind(now)
+                .bind(reason)
+                .bind(id)
+                .bind(from.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
+                let Some(row) = found else {
+                    let status = sqlx::query("SELECT status FROM corrections WHERE id = $1")
+                        .bind(id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    return Err(match status {
+                        Some(row) => StoreError::Stale {
+                            what: format!("correction {id}"),
+                            expected: from.as_str().into(),
+                            actual: text(&row, "status")?,
+                        },
+                        None => StoreError::NotFound { what: format!("correction {id}") },
+                    });
+                };
+                let correction = correction_from(&row)?;
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(correction.run_id),
+                        entity: "correction",
+                        entity_id: Some(id),
+                        actor,
+                        from: Some(from.as_str()),
+                        to: Some(to.as_str()),
+                        detail: reason.map(str::to_owned),
+                        at: now,
+                    },
+                )
+                .await?;
+                commit(tx).await?;
+                Ok(correction)
+            }
+
+            async fn settle_correction_send(
+                &self,
+                id: i64,
+                outcome: Outcome,
+                durability: Durability,
+                actor: &Actor,
+            ) -> StoreResult<Correction> {
+                check_step_transition(Lifecycle::Compensation, outcome.from, outcome.to)?;
+                let confirmed = outcome.to == StepStatus::Confirmed;
+                if confirmed {
+                    check_correction_transition(CorrectionStatus::Approved, CorrectionStatus::Sent)?;
+                }
+                let mut conn = self.write(durability).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                Self::lazy_commit(&mut tx, durability).await?;
+                let now = Utc::now();
+                // A send that was never attempted is, as far as the outside
+                // world is concerned, NOT_EXECUTED.
+                let found = sqlx::query(
+                    "UPDATE corrections SET send_status = $1, external_ref = COALESCE($2, external_ref),
+                        status = CASE WHEN $3 THEN 'sent' ELSE status END, updated_at = $4
+                     WHERE id = $5 AND status = 'approved' AND COALESCE(send_status, 'NOT_EXECUTED') = $6
+                     RETURNING *",
+                )
+                .bind(outcome.to.as_str())
+                .bind(&outcome.external_ref)
+                .bind(confirmed)
+                .bind(now)
+                .bind(id)
+                .bind(outcome.from.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
+                let Some(row) = found else {
+                    let current = sqlx::query("SELECT status, send_status FROM corrections WHERE id = $1")
+                        .bind(id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    return Err(match current {
+                        Some(row) => StoreError::Stale {
+                            what: format!("send of correction {id}"),
+                            expected: format!("approved, send {}", outcome.from),
+                            actual: format!(
+                                "{}, send {}",
+                                text(&row, "status")?,
+                                opt_text(&row, "send_status")?.unwrap_or_else(|| "not attempted".into())
+                            ),
+                        },
+                        None => StoreError::NotFound { what: format!("correction {id}") },
+                    });
+                };
+                let correction = correction_from(&row)?;
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(correction.run_id),
+                        entity: "correction",
+                        entity_id: Some(id),
+                        actor,
+                        from: Some(outcome.from.as_str()),
+                        to: Some(outcome.to.as_str()),
+                        detail: Some(format!("send {}", outcome.to)),
+                        at: now,
+                    },
+                )
+                .await?;
+                commit(tx).await?;
+                Ok(correction)
+            }
+
+            async fn corrections(&self, run_id: Uuid) -> StoreResult<Vec<Correction>> {
+                sqlx::query("SELECT * FROM corrections WHERE run_id = $1 ORDER BY rank DESC, id")
+                    .bind(run_id.to_string())
+                    .fetch_all(self.reader())
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(correction_from)
+                    .collect()
+            }
+
+            async fn correction_queue(&self) -> StoreResult<Vec<Correction>> {
+                sqlx::query(
+                    "SELECT * FROM corrections WHERE status IN ('pending', 'approved')
+                     ORDER BY rank DESC, created_at, id",
+                )
+                .fetch_all(self.reader())
+                .await
+                .map_err(db)?
+                .iter()
+                .map(correction_from)
+                .collect()
+            }
+
+            async fn events(&self, run_id: Option<Uuid>, limit: i64) -> StoreResult<Vec<Event>> {
+                let rows = match run_id {
+                    Some(id) => {
+                        sqlx::query("SELECT * FROM events WHERE run_id = $1 ORDER BY id LIMIT $2")
+                            .bind(id.to_string())
+                            .bind(limit)
+                            .fetch_all(self.reader())
+                            .await
+                    }
+                    None => {
+                        sqlx::query("SELECT * FROM events ORDER BY id LIMIT $1")
+                            .bind(limit)
+                            .fetch_all(self.reader())
+                            .await
+                    }
+                }
+                .map_err(db)?;
+                rows.iter().map(event_from).collect()
+            }
+
+            async fn add_user(&self, username: &str, password_hash: &str, role: Role) -> StoreResult<User> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let now = Utc::now();
+                let row = sqlx::query(
+                    "INSERT INTO users (username, password_hash, role, created_at) VALUES ($1, $2, $3, $4) RETURNING *",
+                )
+                .bind(username)
+                .bind(password_hash)
+                .bind(role.as_str())
+                .bind(now)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| db_error(e, || format!("user {username}")))?;
+                let user = user_from(&row)?;
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: None,
+                        entity: "user",
+                        entity_id: Some(user.id),
+                        actor: &Actor::System,
+                        from: None,
+                        to: Some(role.as_str()),
+                        detail: Some(format!("user {username} added")),
+                        at: now,
+                    },
+                )
+                .await?;
+                commit(tx).await?;
+                Ok(user)
+            }
+
+            async fn credentials(&self, username: &str) -> StoreResult<Option<Credentials>> {
+                let row = sqlx::query("SELECT * FROM users WHERE username = $1")
+                    .bind(username)
+                    .fetch_optional(self.reader())
+                    .await
+                    .map_err(db)?;
+                row.map(|row| {
+                    Ok(Credentials {
+                        user: user_from(&row)?,
+                        password_hash: text(&row, "password_hash")?,
+                    })
+                })
+                .transpose()
+            }
+
+            async fn add_api_token(&self, agent: &str, token_hash: &str, label: Option<&str>) -> StoreResult<ApiToken> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let now = Utc::now();
+                let row = sqlx::query(
+                    "INSERT INTO api_tokens (agent, token_hash, label, created_at) VALUES ($1, $2, $3, $4) RETURNING *",
+                )
+                .bind(agent)
+                .bind(token_hash)
+                .bind(label)
+                .bind(now)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| db_error(e, || "api token".to_owned()))?;
+                let token = ApiToken {
+                    id: get(&row, "id")?,
+                    agent: text(&row, "agent")?,
+                    label: opt_text(&row, "label")?,
+                    created_at: get(&row, "created_at")?,
+                };
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: None,
+                        entity: "token",
+                        entity_id: Some(token.id),
+                        actor: &Actor::System,
+                        from: None,
+                        to: None,
+                        detail: Some(format!("token created for agent {agent}")),
+                        at: now,
+                    },
+                )
+                .await?;
+                commit(tx).await?;
+                Ok(token)
+            }
+
+            async fn agent_for_token(&self, token_hash: &str) -> StoreResult<Option<String>> {
+                let row = sqlx::query("SELECT agent FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL")
+                    .bind(token_hash)
+                    .fetch_optional(self.reader())
+                    .await
+                    .map_err(db)?;
+                row.map(|row| text(&row, "agent")).transpose()
+            }
+        }
+    };
+}
+
+pub(crate) use saga_store_sql;

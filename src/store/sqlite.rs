@@ -1,0 +1,123 @@
+//! The embedded default: one SQLite file in WAL mode, used by one harness
+//! process at a time.
+//!
+//! Writes go through a single connection (SQLite has one writer anyway, and
+//! queuing in the pool is cheaper than `SQLITE_BUSY` retries); reads use a
+//! pool of read-only connections that WAL lets run beside the writer.
+//! INTENDED rows commit with `synchronous = FULL` (durable on power loss);
+//! lazy outcome commits use `NORMAL` (DESIGN.md §9).
+
+use crate::saga::model::Durability;
+use crate::store::sql::saga_store_sql;
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+use std::fs::{File, OpenOptions, TryLockError};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+pub struct SqliteStore {
+    writer: SqlitePool,
+    readers: SqlitePool,
+    /// Held for the life of the store: a second harness on the same file is
+    /// refused at start-up instead of corrupting the single-writer design.
+    _lock: File,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database at `url`, takes the
+    /// one-process lock and applies the migrations.
+    pub async fn open(url: &str) -> StoreResult<Self> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Invalid(format!("bad SQLite URL {url:?}: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(5))
+            .foreign_keys(true);
+        let path = options.get_filename().to_path_buf();
+        if path.as_os_str() == ":memory:" || path.as_os_str().is_empty() {
+            return Err(StoreError::Invalid(
+                "an in-memory SQLite database would lose the saga log on exit; give a file, e.g. sqlite://saga-harness.db".into(),
+            ));
+        }
+        let lock = take_process_lock(&path)?;
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await
+            .map_err(|e| StoreError::Database(format!("cannot open {}: {e}", path.display())))?;
+        sqlx::migrate!("./migrations/sqlite")
+            .run(&writer)
+            .await
+            .map_err(|e| StoreError::Database(format!("migrating {}: {e}", path.display())))?;
+        let readers = SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(options.read_only(true))
+            .await
+            .map_err(|e| StoreError::Database(format!("cannot open {}: {e}", path.display())))?;
+        Ok(SqliteStore {
+            writer,
+            readers,
+            _lock: lock,
+        })
+    }
+
+    /// The writer pool, shared with the session store so that sign-ins do
+    /// not contend with the saga log for the write lock.
+    pub fn session_pool(&self) -> SqlitePool {
+        self.writer.clone()
+    }
+
+    fn reader(&self) -> &SqlitePool {
+        &self.readers
+    }
+
+    /// The writer connection, set to the durability this commit needs.
+    /// SQLite refuses to change it inside a transaction, so it is set here.
+    async fn write(&self, durability: Durability) -> StoreResult<PoolConnection<Sqlite>> {
+        let mut conn = self.writer.acquire().await.map_err(db)?;
+        let pragma = match durability {
+            Durability::Durable => "PRAGMA synchronous = FULL",
+            Durability::Lazy => "PRAGMA synchronous = NORMAL",
+        };
+        sqlx::query(pragma).execute(&mut *conn).await.map_err(db)?;
+        Ok(conn)
+    }
+
+    /// Nothing to do inside the transaction: `write` chose the level.
+    async fn lazy_commit(_tx: &mut SqliteConnection, _durability: Durability) -> StoreResult<()> {
+        Ok(())
+    }
+}
+
+fn lock_path(db: &Path) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+fn take_process_lock(db: &Path) -> StoreResult<File> {
+    let path = lock_path(db);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| StoreError::Database(format!("cannot create lock file {}: {e}", path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(TryLockError::WouldBlock) => Err(StoreError::Invalid(format!(
+            "{} is in use by another saga-harness process. A SQLite saga log has one harness at a time: \
+             stop the other process, or point every instance at PostgreSQL (DATABASE_URL=postgres://...)",
+            db.display()
+        ))),
+        Err(TryLockError::Error(e)) => Err(StoreError::Database(format!(
+            "cannot lock {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+saga_store_sql!(SqliteStore, Sqlite, Backend::Sqlite, for_update = "");
