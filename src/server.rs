@@ -131,12 +131,12 @@ impl Application {
 /// Leptos settings: cargo-leptos sets these at build time and the
 /// `LEPTOS_*` variables may override them; the address is ours.
 fn leptos_options(addr: SocketAddr) -> LeptosOptions {
-    let mut options = get_configuration(None)
-        .map(|conf| conf.leptos_options)
-        .unwrap_or_else(|_| LeptosOptions::builder().output_name("saga-harness").build());
-    if options.output_name.is_empty() {
-        options.output_name = "saga-harness".into();
+    // Without cargo-leptos (plain `cargo test`) there is no bundle to name.
+    let mut options = match option_env!("LEPTOS_OUTPUT_NAME") {
+        Some(_) => get_configuration(None).map(|conf| conf.leptos_options).ok(),
+        None => None,
     }
+    .unwrap_or_else(|| LeptosOptions::builder().output_name("saga-harness").build());
     options.site_addr = addr;
     options
 }

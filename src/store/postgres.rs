@@ -7,7 +7,7 @@ use crate::saga::model::Durability;
 use crate::store::sql::saga_store_sql;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -26,6 +26,12 @@ impl PostgresStore {
             options.get_port(),
             options.get_database().unwrap_or("(default database)")
         );
+        // One direct attempt first: a pool retries until its timeout, but a
+        // refused connection or a wrong password should be reported now.
+        let probe = sqlx::PgConnection::connect_with(&options)
+            .await
+            .map_err(|e| StoreError::Database(format!("cannot reach PostgreSQL at {place}: {e}")))?;
+        probe.close().await.map_err(db)?;
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(10))

@@ -1,0 +1,91 @@
+//! Fresh databases for tests: a new SQLite file per test, and a new
+//! PostgreSQL database per test when `SAGA_TEST_POSTGRES_URL` names a server
+//! (the test command always sets it; without it PostgreSQL tests say they
+//! were skipped).
+#![allow(dead_code)]
+
+use std::time::Duration;
+use tempfile::TempDir;
+
+pub struct TestDb {
+    pub url: String,
+    _dir: Option<TempDir>,
+    postgres: Option<(String, String)>,
+}
+
+pub fn sqlite() -> TestDb {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let url = format!("sqlite://{}", dir.path().join("saga.db").display());
+    TestDb {
+        url,
+        _dir: Some(dir),
+        postgres: None,
+    }
+}
+
+/// `None` when no server is configured; a configured but unreachable
+/// server fails the test, so CI cannot silently skip PostgreSQL.
+pub async fn postgres() -> Option<TestDb> {
+    let admin_url = std::env::var("SAGA_TEST_POSTGRES_URL").ok()?;
+    let name = format!("saga_test_{}", uuid_simple());
+    let mut admin = connect_admin(&admin_url).await;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+        .expect("CREATE DATABASE");
+    let url = with_database(&admin_url, &name);
+    Some(TestDb {
+        url,
+        _dir: None,
+        postgres: Some((admin_url, name)),
+    })
+}
+
+fn uuid_simple() -> String {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    format!("{nanos:x}{:x}", std::process::id())
+}
+
+async fn connect_admin(url: &str) -> sqlx::PgConnection {
+    use sqlx::Connection;
+    tokio::time::timeout(Duration::from_secs(10), sqlx::PgConnection::connect(url))
+        .await
+        .unwrap_or_else(|_| panic!("SAGA_TEST_POSTGRES_URL is set but the server does not answer"))
+        .unwrap_or_else(|e| panic!("SAGA_TEST_POSTGRES_URL is set but unusable: {e}"))
+}
+
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[scheme_end..].find('/') {
+        Some(slash) => &base[..scheme_end + slash],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some((admin_url, name)) = self.postgres.take() {
+            // Drop runs outside any runtime's async context: use a thread
+            // with its own small runtime.
+            let _ = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                runtime.block_on(async {
+                    let mut admin = connect_admin(&admin_url).await;
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .execute(&mut admin)
+                        .await;
+                });
+            })
+            .join();
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! The server over real HTTP on port 0: sign-in, the runs list behind it,
+//! the cross-site guard, and the start-up errors an operator would hit.
+
+mod common;
+
+use saga_harness::auth::hash_password;
+use saga_harness::config::{DatabaseArgs, ServeArgs};
+use saga_harness::saga::class::Role;
+use saga_harness::server::{Application, ServerError};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+fn serve_args(url: &str, bind: SocketAddr, tools: Option<PathBuf>) -> ServeArgs {
+    ServeArgs {
+        bind,
+        database: DatabaseArgs {
+            database_url: url.to_owned(),
+        },
+        tools,
+        secure_cookies: false,
+    }
+}
+
+struct Running {
+    base: String,
+    _db: common::TestDb,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn start(db: common::TestDb) -> Running {
+    let app = Application::build(serve_args(&db.url, "127.0.0.1:0".parse().unwrap(), None))
+        .await
+        .unwrap();
+    let hash = hash_password("correct horse battery").unwrap();
+    app.state().store.add_user("dana", &hash, Role::Approver).await.unwrap();
+    let base = format!("http://{}", app.local_addr());
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    tokio::spawn(app.serve(async {
+        let _ = stopped.await;
+    }));
+    Running {
+        base,
+        _db: db,
+        stop: Some(stop),
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .cookie_store(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+async fn sign_in(client: &reqwest::Client, base: &str, password: &str) -> reqwest::Response {
+    client
+        .post(format!("{base}/api/login"))
+        // What a browser sends when it submits the form without JavaScript.
+        .header("accept", "text/html,application/xhtml+xml")
+        .form(&[("username", "dana"), ("password", password)])
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn sign_in_flow(server: Running) {
+    let base = &server.base;
+    let client = client();
+    let health = client.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+
+    let runs = client.get(format!("{base}/")).send().await.unwrap();
+    assert!(runs.status().is_redirection(), "{}", runs.status());
+    assert_eq!(runs.headers()["location"], "/login");
+
+    let page = client.get(format!("{base}/login")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.unwrap();
+    assert!(html.contains("name=\"username\""), "{html}");
+    assert!(html.contains("Sign in"));
+
+    let refused = sign_in(&client, base, "wrong password").await;
+    assert!(refused.status().is_redirection(), "{}", refused.status());
+    assert_eq!(refused.headers()["location"], "/login?error=1");
+    let again = client.get(format!("{base}/login?error=1")).send().await.unwrap();
+    assert!(again.text().await.unwrap().contains("Wrong username or password."));
+    assert!(client.get(format!("{base}/")).send().await.unwrap().status().is_redirection());
+
+    let accepted = sign_in(&client, base, "correct horse battery").await;
+    assert!(accepted.status().is_redirection(), "{}", accepted.status());
+    assert_eq!(accepted.headers()["location"], "/");
+    let cookie = accepted.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Lax"), "{cookie}");
+
+    let runs = client.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(runs.status(), 200);
+    let html = runs.text().await.unwrap();
+    assert!(html.contains("No runs yet"), "{html}");
+    assert!(html.contains("dana"), "{html}");
+
+    let signed_out = client
+        .post(format!("{base}/api/logout"))
+        .header("accept", "text/html")
+        .send()
+        .await
+        .unwrap();
+    assert!(signed_out.status().is_redirection());
+    assert!(client.get(format!("{base}/")).send().await.unwrap().status().is_redirection());
+}
+
+#[tokio::test]
+async fn sqlite_sign_in_then_the_runs_list() {
+    sign_in_flow(start(common::sqlite()).await).await;
+}
+
+#[tokio::test]
+async fn postgres_sign_in_then_the_runs_list() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    sign_in_flow(start(db).await).await;
+}
+
+#[tokio::test]
+async fn runs_list_lists_runs_awaiting_approval_first() {
+    use saga_harness::saga::model::NewRun;
+    use saga_harness::saga::status::RunStatus;
+    let db = common::sqlite();
+    let app = Application::build(serve_args(&db.url, "127.0.0.1:0".parse().unwrap(), None))
+        .await
+        .unwrap();
+    let store = app.state().store.clone();
+    store.add_user("dana", &hash_password("correct horse battery").unwrap(), Role::Viewer).await.unwrap();
+    let new = |purpose: &str| NewRun {
+        agent: "support-bot".into(),
+        label: None,
+        purpose: purpose.into(),
+    };
+    let (waiting, _) = store.create_run(new("close duplicate ticket")).await.unwrap();
+    store.create_run(new("newer, still running")).await.unwrap();
+    let actor = saga_harness::saga::model::Actor::Agent("support-bot".into());
+    store.move_run(waiting.id, RunStatus::Running, RunStatus::AwaitingApproval, &actor, None).await.unwrap();
+    let base = format!("http://{}", app.local_addr());
+    tokio::spawn(app.serve(std::future::pending()));
+    let client = client();
+    sign_in(&client, &base, "correct horse battery").await;
+    let html = client.get(format!("{base}/")).send().await.unwrap().text().await.unwrap();
+    let waiting_at = html.find("close duplicate ticket").expect("waiting run listed");
+    let running_at = html.find("newer, still running").expect("running run listed");
+    assert!(waiting_at < running_at, "awaiting approval is not first");
+    assert!(html.contains("AWAITING_APPROVAL"));
+}
+
+#[tokio::test]
+async fn cross_site_form_posts_are_refused() {
+    let server = start(common::sqlite()).await;
+    let response = client()
+        .post(format!("{}/api/login", server.base))
+        .header("origin", "https://evil.example")
+        .form(&[("username", "dana"), ("password", "correct horse battery")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 403);
+    assert!(response.text().await.unwrap().contains("cross-site"));
+}
+
+#[tokio::test]
+async fn a_port_in_use_is_a_clear_error() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = holder.local_addr().unwrap();
+    let db = common::sqlite();
+    let Err(err) = Application::build(serve_args(&db.url, taken, None)).await else {
+        panic!("bound a port in use");
+    };
+    assert!(matches!(err, ServerError::Bind { .. }));
+    let message = err.to_string();
+    assert!(message.contains(&taken.to_string()) && message.contains("--bind"), "{message}");
+}
+
+#[tokio::test]
+async fn an_unreachable_postgres_is_a_clear_error() {
+    // Port 9 on loopback: nothing listens there.
+    let Err(err) = Application::build(serve_args(
+        "postgres://saga:secret@127.0.0.1:9/saga",
+        "127.0.0.1:0".parse().unwrap(),
+        None,
+    ))
+    .await
+    else {
+        panic!("connected to nothing");
+    };
+    let message = err.to_string();
+    assert!(message.contains("cannot reach PostgreSQL at 127.0.0.1:9/saga"), "{message}");
+    assert!(!message.contains("secret"), "{message}");
+}
+
+#[tokio::test]
+async fn r1_a_bad_tools_file_stops_start_up_naming_tool_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tools.toml");
+    std::fs::write(&path, "[[tool]]\nname = \"stripe.charge\"\nclass = \"compensatable\"\nconnector = \"stripe.charge\"\n").unwrap();
+    let db = common::sqlite();
+    let Err(err) = Application::build(serve_args(&db.url, "127.0.0.1:0".parse().unwrap(), Some(path))).await else {
+        panic!("accepted a compensatable tool without compensation");
+    };
+    let message = err.to_string();
+    assert!(message.contains("tool `stripe.charge`, field `compensation`"), "{message}");
+}
