@@ -2,7 +2,9 @@
 //! tokens (random, stored as SHA-256 only: a token is long and random, so a
 //! fast hash is enough and lets each API call check it cheaply).
 
-use argon2::password_hash::{rand_core::OsRng, PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::password_hash::{
+    rand_core::OsRng, PasswordHash, PasswordHasher, PasswordVerifier, SaltString,
+};
 use argon2::Argon2;
 use rand::RngCore;
 use sha2::{Digest, Sha256};

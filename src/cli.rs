@@ -38,7 +38,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Migrate(database) => {
             open(&database).await?;
-            eprintln!("migrations applied to {}", store::redact(&database.database_url));
+            eprintln!(
+                "migrations applied to {}",
+                store::redact(&database.database_url)
+            );
             Ok(())
         }
         Command::User(UserCommand::Add {

@@ -6,7 +6,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
-#[command(name = "saga-harness", version, about = "A write-ahead saga log between LLM agents and the systems their tools touch")]
+#[command(
+    name = "saga-harness",
+    version,
+    about = "A write-ahead saga log between LLM agents and the systems their tools touch"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -43,11 +43,20 @@ pub enum ServerError {
     #[error("opening the database {url}: {source}")]
     Store { url: String, source: StoreError },
     #[error("reading the tools file {path}: {source}")]
-    ToolsUnreadable { path: PathBuf, source: std::io::Error },
+    ToolsUnreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("the tools file {path} is refused: {source}")]
-    Tools { path: PathBuf, source: RegistryError },
+    Tools {
+        path: PathBuf,
+        source: RegistryError,
+    },
     #[error("cannot listen on {addr}: {source}. Another program may be using it: pick another address with --bind or SAGA_BIND")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("preparing the session table: {0}")]
     Sessions(String),
     #[error("serving: {0}")]
@@ -145,16 +154,13 @@ async fn router(state: AppState, opened: &Opened, secure: bool) -> Result<Router
     let routes = generate_route_list(ui::App);
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .leptos_routes_with_context(
-            &state,
-            routes,
-            || {},
-            {
-                let options = state.leptos_options.clone();
-                move || ui::shell(options.clone())
-            },
-        )
-        .fallback(leptos_axum::file_and_error_handler::<AppState, _>(ui::shell))
+        .leptos_routes_with_context(&state, routes, || {}, {
+            let options = state.leptos_options.clone();
+            move || ui::shell(options.clone())
+        })
+        .fallback(leptos_axum::file_and_error_handler::<AppState, _>(
+            ui::shell,
+        ))
         .with_state(state)
         .layer(middleware::from_fn(require_sign_in))
         .layer(middleware::from_fn(refuse_cross_site_posts));
@@ -197,7 +203,7 @@ fn session_layer<S: tower_sessions::SessionStore + Clone>(
 fn is_public(path: &str) -> bool {
     path == "/login"
         || path == "/healthz"
-        || path == "/favicon.ico"
+        || path == "/favicon.svg"
         || path.starts_with("/pkg/")
         || path.starts_with("/api/")
 }
@@ -212,7 +218,11 @@ async fn require_sign_in(session: Session, request: Request<Body>, next: Next) -
         Ok(None) => Redirect::to("/login").into_response(),
         Err(err) => {
             tracing::error!(%err, "reading the session");
-            (StatusCode::INTERNAL_SERVER_ERROR, "could not read the session").into_response()
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "could not read the session",
+            )
+                .into_response()
         }
     }
 }

@@ -40,7 +40,11 @@ async fn start(db: common::TestDb) -> Running {
         .await
         .unwrap();
     let hash = hash_password("correct horse battery").unwrap();
-    app.state().store.add_user("dana", &hash, Role::Approver).await.unwrap();
+    app.state()
+        .store
+        .add_user("dana", &hash, Role::Approver)
+        .await
+        .unwrap();
     let base = format!("http://{}", app.local_addr());
     let (stop, stopped) = tokio::sync::oneshot::channel();
     tokio::spawn(app.serve(async {
@@ -91,15 +95,35 @@ async fn sign_in_flow(server: Running) {
     let refused = sign_in(&client, base, "wrong password").await;
     assert!(refused.status().is_redirection(), "{}", refused.status());
     assert_eq!(refused.headers()["location"], "/login?error=1");
-    let again = client.get(format!("{base}/login?error=1")).send().await.unwrap();
-    assert!(again.text().await.unwrap().contains("Wrong username or password."));
-    assert!(client.get(format!("{base}/")).send().await.unwrap().status().is_redirection());
+    let again = client
+        .get(format!("{base}/login?error=1"))
+        .send()
+        .await
+        .unwrap();
+    assert!(again
+        .text()
+        .await
+        .unwrap()
+        .contains("Wrong username or password."));
+    assert!(client
+        .get(format!("{base}/"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .is_redirection());
 
     let accepted = sign_in(&client, base, "correct horse battery").await;
     assert!(accepted.status().is_redirection(), "{}", accepted.status());
     assert_eq!(accepted.headers()["location"], "/");
-    let cookie = accepted.headers()["set-cookie"].to_str().unwrap().to_owned();
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Lax"), "{cookie}");
+    let cookie = accepted.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Lax"),
+        "{cookie}"
+    );
 
     let runs = client.get(format!("{base}/")).send().await.unwrap();
     assert_eq!(runs.status(), 200);
@@ -114,7 +138,13 @@ async fn sign_in_flow(server: Running) {
         .await
         .unwrap();
     assert!(signed_out.status().is_redirection());
-    assert!(client.get(format!("{base}/")).send().await.unwrap().status().is_redirection());
+    assert!(client
+        .get(format!("{base}/"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .is_redirection());
 }
 
 #[tokio::test]
@@ -140,23 +170,53 @@ async fn runs_list_lists_runs_awaiting_approval_first() {
         .await
         .unwrap();
     let store = app.state().store.clone();
-    store.add_user("dana", &hash_password("correct horse battery").unwrap(), Role::Viewer).await.unwrap();
+    store
+        .add_user(
+            "dana",
+            &hash_password("correct horse battery").unwrap(),
+            Role::Viewer,
+        )
+        .await
+        .unwrap();
     let new = |purpose: &str| NewRun {
         agent: "support-bot".into(),
         label: None,
         purpose: purpose.into(),
     };
-    let (waiting, _) = store.create_run(new("close duplicate ticket")).await.unwrap();
+    let (waiting, _) = store
+        .create_run(new("close duplicate ticket"))
+        .await
+        .unwrap();
     store.create_run(new("newer, still running")).await.unwrap();
     let actor = saga_harness::saga::model::Actor::Agent("support-bot".into());
-    store.move_run(waiting.id, RunStatus::Running, RunStatus::AwaitingApproval, &actor, None).await.unwrap();
+    store
+        .move_run(
+            waiting.id,
+            RunStatus::Running,
+            RunStatus::AwaitingApproval,
+            &actor,
+            None,
+        )
+        .await
+        .unwrap();
     let base = format!("http://{}", app.local_addr());
     tokio::spawn(app.serve(std::future::pending()));
     let client = client();
     sign_in(&client, &base, "correct horse battery").await;
-    let html = client.get(format!("{base}/")).send().await.unwrap().text().await.unwrap();
-    let waiting_at = html.find("close duplicate ticket").expect("waiting run listed");
-    let running_at = html.find("newer, still running").expect("running run listed");
+    let html = client
+        .get(format!("{base}/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let waiting_at = html
+        .find("close duplicate ticket")
+        .expect("waiting run listed");
+    let running_at = html
+        .find("newer, still running")
+        .expect("running run listed");
     assert!(waiting_at < running_at, "awaiting approval is not first");
     assert!(html.contains("AWAITING_APPROVAL"));
 }
@@ -185,7 +245,10 @@ async fn a_port_in_use_is_a_clear_error() {
     };
     assert!(matches!(err, ServerError::Bind { .. }));
     let message = err.to_string();
-    assert!(message.contains(&taken.to_string()) && message.contains("--bind"), "{message}");
+    assert!(
+        message.contains(&taken.to_string()) && message.contains("--bind"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -201,7 +264,10 @@ async fn an_unreachable_postgres_is_a_clear_error() {
         panic!("connected to nothing");
     };
     let message = err.to_string();
-    assert!(message.contains("cannot reach PostgreSQL at 127.0.0.1:9/saga"), "{message}");
+    assert!(
+        message.contains("cannot reach PostgreSQL at 127.0.0.1:9/saga"),
+        "{message}"
+    );
     assert!(!message.contains("secret"), "{message}");
 }
 
@@ -211,9 +277,18 @@ async fn r1_a_bad_tools_file_stops_start_up_naming_tool_and_field() {
     let path = dir.path().join("tools.toml");
     std::fs::write(&path, "[[tool]]\nname = \"stripe.charge\"\nclass = \"compensatable\"\nconnector = \"stripe.charge\"\n").unwrap();
     let db = common::sqlite();
-    let Err(err) = Application::build(serve_args(&db.url, "127.0.0.1:0".parse().unwrap(), Some(path))).await else {
+    let Err(err) = Application::build(serve_args(
+        &db.url,
+        "127.0.0.1:0".parse().unwrap(),
+        Some(path),
+    ))
+    .await
+    else {
         panic!("accepted a compensatable tool without compensation");
     };
     let message = err.to_string();
-    assert!(message.contains("tool `stripe.charge`, field `compensation`"), "{message}");
+    assert!(
+        message.contains("tool `stripe.charge`, field `compensation`"),
+        "{message}"
+    );
 }

@@ -44,7 +44,9 @@ fn step(run: &Run, idx: i64, tool: &str, class: ToolClass, status: StepStatus) -
         idempotency_key: step_key(run.id, idx, tool),
         args: json!({"amount": 1200, "currency": "eur"}),
         status,
-        compensation: Some(json!({"tool": "stripe.refund", "args": {"charge_key": step_key(run.id, idx, tool)}})),
+        compensation: Some(
+            json!({"tool": "stripe.refund", "args": {"charge_key": step_key(run.id, idx, tool)}}),
+        ),
         audience: Audience::Finance,
         phase: Phase::BeforePivot,
     }
@@ -61,7 +63,10 @@ async fn step_in(store: &Store, status: StepStatus) -> (Run, Step) {
         Intended
     };
     let mut current = store
-        .record_step(step(&run, 0, "stripe.charge", ToolClass::Compensatable, start), &agent())
+        .record_step(
+            step(&run, 0, "stripe.charge", ToolClass::Compensatable, start),
+            &agent(),
+        )
         .await
         .unwrap();
     let path: &[StepStatus] = match status {
@@ -75,7 +80,13 @@ async fn step_in(store: &Store, status: StepStatus) -> (Run, Step) {
     };
     for &to in path {
         current = store
-            .settle_step(run.id, 0, Outcome::moving(current.status, to), Durability::Durable, &agent())
+            .settle_step(
+                run.id,
+                0,
+                Outcome::moving(current.status, to),
+                Durability::Durable,
+                &agent(),
+            )
             .await
             .unwrap();
     }
@@ -116,7 +127,10 @@ async fn runs_are_created_once_per_agent_label(store: Store) {
         .unwrap();
     assert!(created);
     assert_ne!(other.id, first.id);
-    assert_ne!(new_run(&store, None).await.id, new_run(&store, None).await.id);
+    assert_ne!(
+        new_run(&store, None).await.id,
+        new_run(&store, None).await.id
+    );
     assert_eq!(store.run(first.id).await.unwrap().unwrap(), first);
     assert!(store.run(Uuid::new_v4()).await.unwrap().is_none());
     assert_eq!(store.list_runs(10).await.unwrap().len(), 4);
@@ -125,48 +139,128 @@ async fn runs_are_created_once_per_agent_label(store: Store) {
 async fn r3_steps_take_the_next_index_in_order(store: Store) {
     let run = new_run(&store, None).await;
     let err = store
-        .record_step(step(&run, 1, "jira.create", ToolClass::Compensatable, StepStatus::Intended), &agent())
+        .record_step(
+            step(
+                &run,
+                1,
+                "jira.create",
+                ToolClass::Compensatable,
+                StepStatus::Intended,
+            ),
+            &agent(),
+        )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::StepOutOfOrder { given: 1, expected: 0 }), "{err}");
+    assert!(
+        matches!(
+            err,
+            StoreError::StepOutOfOrder {
+                given: 1,
+                expected: 0
+            }
+        ),
+        "{err}"
+    );
     let first = store
-        .record_step(step(&run, 0, "jira.create", ToolClass::Compensatable, StepStatus::Intended), &agent())
+        .record_step(
+            step(
+                &run,
+                0,
+                "jira.create",
+                ToolClass::Compensatable,
+                StepStatus::Intended,
+            ),
+            &agent(),
+        )
         .await
         .unwrap();
     assert_eq!(first.status, StepStatus::Intended);
     assert_eq!(first.idempotency_key, step_key(run.id, 0, "jira.create"));
     assert_eq!(store.run(run.id).await.unwrap().unwrap().next_step, 1);
     let err = store
-        .record_step(step(&run, 0, "jira.create", ToolClass::Compensatable, StepStatus::Intended), &agent())
+        .record_step(
+            step(
+                &run,
+                0,
+                "jira.create",
+                ToolClass::Compensatable,
+                StepStatus::Intended,
+            ),
+            &agent(),
+        )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::StepExists { step_idx: 0 }), "{err}");
+    assert!(
+        matches!(err, StoreError::StepExists { step_idx: 0 }),
+        "{err}"
+    );
     store
-        .record_step(step(&run, 1, "stripe.charge", ToolClass::Compensatable, StepStatus::Intended), &agent())
+        .record_step(
+            step(
+                &run,
+                1,
+                "stripe.charge",
+                ToolClass::Compensatable,
+                StepStatus::Intended,
+            ),
+            &agent(),
+        )
         .await
         .unwrap();
     let steps = store.steps(run.id).await.unwrap();
-    assert_eq!(steps.iter().map(|s| s.step_idx).collect::<Vec<_>>(), vec![0, 1]);
-    assert_eq!(store.step_by_key(&first.idempotency_key).await.unwrap().unwrap(), first);
+    assert_eq!(
+        steps.iter().map(|s| s.step_idx).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    assert_eq!(
+        store
+            .step_by_key(&first.idempotency_key)
+            .await
+            .unwrap()
+            .unwrap(),
+        first
+    );
     // The key is unique across the whole log.
-    let mut reused = step(&run, 2, "email.send", ToolClass::Irreversible, StepStatus::AwaitingApproval);
+    let mut reused = step(
+        &run,
+        2,
+        "email.send",
+        ToolClass::Irreversible,
+        StepStatus::AwaitingApproval,
+    );
     reused.idempotency_key = first.idempotency_key.clone();
     let err = store.record_step(reused, &agent()).await.unwrap_err();
     assert!(matches!(err, StoreError::Duplicate { .. }), "{err}");
-    assert_eq!(store.run(run.id).await.unwrap().unwrap().next_step, 2, "a refused step takes no index");
+    assert_eq!(
+        store.run(run.id).await.unwrap().unwrap().next_step,
+        2,
+        "a refused step takes no index"
+    );
 }
 
 async fn r2_pure_calls_are_never_logged(store: Store) {
     let run = new_run(&store, None).await;
     let err = store
-        .record_step(step(&run, 0, "crm.lookup", ToolClass::Pure, StepStatus::Intended), &agent())
+        .record_step(
+            step(&run, 0, "crm.lookup", ToolClass::Pure, StepStatus::Intended),
+            &agent(),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");
     assert!(err.to_string().contains("R2"));
     assert_eq!(store.run(run.id).await.unwrap().unwrap().next_step, 0);
     let err = store
-        .record_step(step(&run, 0, "x", ToolClass::Compensatable, StepStatus::Confirmed), &agent())
+        .record_step(
+            step(
+                &run,
+                0,
+                "x",
+                ToolClass::Compensatable,
+                StepStatus::Confirmed,
+            ),
+            &agent(),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");
@@ -178,7 +272,13 @@ async fn every_step_transition_is_judged(store: Store) {
             let (run, before) = step_in(&store, from).await;
             let legal = check_step_transition(Lifecycle::Step, from, to).is_ok();
             let result = store
-                .settle_step(run.id, 0, Outcome::moving(from, to), Durability::Durable, &lead())
+                .settle_step(
+                    run.id,
+                    0,
+                    Outcome::moving(from, to),
+                    Durability::Durable,
+                    &lead(),
+                )
                 .await;
             let after = store.step(run.id, 0).await.unwrap().unwrap();
             if legal {
@@ -190,7 +290,10 @@ async fn every_step_transition_is_judged(store: Store) {
                     matches!(result, Err(StoreError::IllegalTransition(_))),
                     "{from} -> {to} accepted"
                 );
-                assert_eq!(after.status, before.status, "{from} -> {to} changed the row");
+                assert_eq!(
+                    after.status, before.status,
+                    "{from} -> {to} changed the row"
+                );
             }
         }
     }
@@ -199,13 +302,28 @@ async fn every_step_transition_is_judged(store: Store) {
 async fn a_stale_status_is_refused_and_changes_nothing(store: Store) {
     let (run, _) = step_in(&store, StepStatus::Intended).await;
     let err = store
-        .settle_step(run.id, 0, Outcome::moving(StepStatus::Unknown, StepStatus::Confirmed), Durability::Lazy, &agent())
+        .settle_step(
+            run.id,
+            0,
+            Outcome::moving(StepStatus::Unknown, StepStatus::Confirmed),
+            Durability::Lazy,
+            &agent(),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Stale { .. }), "{err}");
-    assert_eq!(store.step(run.id, 0).await.unwrap().unwrap().status, StepStatus::Intended);
+    assert_eq!(
+        store.step(run.id, 0).await.unwrap().unwrap().status,
+        StepStatus::Intended
+    );
     let err = store
-        .settle_step(run.id, 7, Outcome::moving(StepStatus::Intended, StepStatus::Confirmed), Durability::Lazy, &agent())
+        .settle_step(
+            run.id,
+            7,
+            Outcome::moving(StepStatus::Intended, StepStatus::Confirmed),
+            Durability::Lazy,
+            &agent(),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::NotFound { .. }), "{err}");
@@ -267,17 +385,30 @@ async fn every_run_transition_is_judged(store: Store) {
         for to in RunStatus::ALL {
             let mut run = new_run(&store, None).await;
             for &next in path {
-                run = store.move_run(run.id, run.status, next, &agent(), None).await.unwrap();
+                run = store
+                    .move_run(run.id, run.status, next, &agent(), None)
+                    .await
+                    .unwrap();
             }
             assert_eq!(run.status, from);
             let legal = check_run_transition(from, to, run.resume_to).is_ok();
-            let result = store.move_run(run.id, from, to, &lead(), Some("contract")).await;
+            let result = store
+                .move_run(run.id, from, to, &lead(), Some("contract"))
+                .await;
             let after = store.run(run.id).await.unwrap().unwrap();
             if legal {
-                assert_eq!(result.unwrap_or_else(|e| panic!("{from} -> {to}: {e}")).status, to);
+                assert_eq!(
+                    result
+                        .unwrap_or_else(|e| panic!("{from} -> {to}: {e}"))
+                        .status,
+                    to
+                );
                 assert_eq!(after.status, to);
             } else {
-                assert!(matches!(result, Err(StoreError::IllegalTransition(_))), "{from} -> {to} accepted");
+                assert!(
+                    matches!(result, Err(StoreError::IllegalTransition(_))),
+                    "{from} -> {to} accepted"
+                );
                 assert_eq!(after.status, from);
             }
         }
@@ -287,45 +418,130 @@ async fn every_run_transition_is_judged(store: Store) {
 async fn needs_attention_returns_to_where_the_run_was(store: Store) {
     use RunStatus::*;
     let run = new_run(&store, None).await;
-    store.move_run(run.id, Running, AwaitingApproval, &agent(), None).await.unwrap();
-    store.move_run(run.id, AwaitingApproval, Committing, &lead(), None).await.unwrap();
-    let held = store.move_run(run.id, Committing, NeedsAttention, &Actor::System, Some("did this happen?")).await.unwrap();
+    store
+        .move_run(run.id, Running, AwaitingApproval, &agent(), None)
+        .await
+        .unwrap();
+    store
+        .move_run(run.id, AwaitingApproval, Committing, &lead(), None)
+        .await
+        .unwrap();
+    let held = store
+        .move_run(
+            run.id,
+            Committing,
+            NeedsAttention,
+            &Actor::System,
+            Some("did this happen?"),
+        )
+        .await
+        .unwrap();
     assert_eq!(held.resume_to, Some(Committing));
-    let err = store.move_run(run.id, NeedsAttention, Running, &lead(), None).await.unwrap_err();
+    let err = store
+        .move_run(run.id, NeedsAttention, Running, &lead(), None)
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::IllegalTransition(_)), "{err}");
-    let back = store.move_run(run.id, NeedsAttention, Committing, &lead(), None).await.unwrap();
+    let back = store
+        .move_run(run.id, NeedsAttention, Committing, &lead(), None)
+        .await
+        .unwrap();
     assert_eq!(back.status, Committing);
     assert_eq!(back.resume_to, None);
-    let err = store.move_run(run.id, Running, Completed, &agent(), None).await.unwrap_err();
+    let err = store
+        .move_run(run.id, Running, Completed, &agent(), None)
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::Stale { .. }), "{err}");
 }
 
 async fn r9_irreversible_steps_before_the_pivot_are_counted(store: Store) {
     let run = new_run(&store, None).await;
     store
-        .record_step(step(&run, 0, "email.send", ToolClass::Irreversible, StepStatus::AwaitingApproval), &agent())
+        .record_step(
+            step(
+                &run,
+                0,
+                "email.send",
+                ToolClass::Irreversible,
+                StepStatus::AwaitingApproval,
+            ),
+            &agent(),
+        )
         .await
         .unwrap();
-    assert_eq!(store.run(run.id).await.unwrap().unwrap().irreversible_before_pivot, 0, "held, not run");
+    assert_eq!(
+        store
+            .run(run.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .irreversible_before_pivot,
+        0,
+        "held, not run"
+    );
     let approved = store
-        .settle_step(run.id, 0, Outcome::moving(StepStatus::AwaitingApproval, StepStatus::Intended), Durability::Durable, &lead())
+        .settle_step(
+            run.id,
+            0,
+            Outcome::moving(StepStatus::AwaitingApproval, StepStatus::Intended),
+            Durability::Durable,
+            &lead(),
+        )
         .await
         .unwrap();
     assert!(approved.approved_individually);
-    assert_eq!(store.run(run.id).await.unwrap().unwrap().irreversible_before_pivot, 1);
+    assert_eq!(
+        store
+            .run(run.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .irreversible_before_pivot,
+        1
+    );
     // A rejected one never ran; one after the pivot is the plan working.
     store
-        .record_step(step(&run, 1, "email.send", ToolClass::Irreversible, StepStatus::AwaitingApproval), &agent())
+        .record_step(
+            step(
+                &run,
+                1,
+                "email.send",
+                ToolClass::Irreversible,
+                StepStatus::AwaitingApproval,
+            ),
+            &agent(),
+        )
         .await
         .unwrap();
     store
-        .settle_step(run.id, 1, Outcome::moving(StepStatus::AwaitingApproval, StepStatus::Rejected), Durability::Durable, &lead())
+        .settle_step(
+            run.id,
+            1,
+            Outcome::moving(StepStatus::AwaitingApproval, StepStatus::Rejected),
+            Durability::Durable,
+            &lead(),
+        )
         .await
         .unwrap();
-    let mut commit = step(&run, 2, "email.send", ToolClass::Irreversible, StepStatus::Intended);
+    let mut commit = step(
+        &run,
+        2,
+        "email.send",
+        ToolClass::Irreversible,
+        StepStatus::Intended,
+    );
     commit.phase = Phase::AfterPivot;
     store.record_step(commit, &Actor::System).await.unwrap();
-    assert_eq!(store.run(run.id).await.unwrap().unwrap().irreversible_before_pivot, 1);
+    assert_eq!(
+        store
+            .run(run.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .irreversible_before_pivot,
+        1
+    );
 }
 
 async fn r8_compensations_have_their_own_key_and_lifecycle(store: Store) {
@@ -337,26 +553,60 @@ async fn r8_compensations_have_their_own_key_and_lifecycle(store: Store) {
         idempotency_key: compensation_key(run.id, 0, "stripe.charge"),
         args: json!({"charge_key": step_key(run.id, 0, "stripe.charge")}),
     };
-    let err = store.record_compensation(new.clone(), &Actor::System).await.unwrap_err();
-    assert!(err.to_string().contains("only a confirmed step is compensated"), "{err}");
+    let err = store
+        .record_compensation(new.clone(), &Actor::System)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("only a confirmed step is compensated"),
+        "{err}"
+    );
     store
-        .settle_step(run.id, 0, Outcome::moving(StepStatus::Intended, StepStatus::Confirmed), Durability::Lazy, &agent())
+        .settle_step(
+            run.id,
+            0,
+            Outcome::moving(StepStatus::Intended, StepStatus::Confirmed),
+            Durability::Lazy,
+            &agent(),
+        )
         .await
         .unwrap();
-    let intended = store.record_compensation(new.clone(), &Actor::System).await.unwrap();
+    let intended = store
+        .record_compensation(new.clone(), &Actor::System)
+        .await
+        .unwrap();
     assert_eq!(intended.status, StepStatus::Intended);
-    let err = store.record_compensation(new, &Actor::System).await.unwrap_err();
+    let err = store
+        .record_compensation(new, &Actor::System)
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::Duplicate { .. }), "{err}");
     let err = store
-        .settle_compensation(run.id, 0, Outcome::moving(StepStatus::Confirmed, StepStatus::Compensated), Durability::Lazy, &Actor::System)
+        .settle_compensation(
+            run.id,
+            0,
+            Outcome::moving(StepStatus::Confirmed, StepStatus::Compensated),
+            Durability::Lazy,
+            &Actor::System,
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::IllegalTransition(_)), "{err}");
     store
-        .settle_compensation(run.id, 0, Outcome::moving(StepStatus::Intended, StepStatus::Unknown), Durability::Lazy, &Actor::System)
+        .settle_compensation(
+            run.id,
+            0,
+            Outcome::moving(StepStatus::Intended, StepStatus::Unknown),
+            Durability::Lazy,
+            &Actor::System,
+        )
         .await
         .unwrap();
-    assert_eq!(store.step(run.id, 0).await.unwrap().unwrap().status, StepStatus::Confirmed);
+    assert_eq!(
+        store.step(run.id, 0).await.unwrap().unwrap().status,
+        StepStatus::Confirmed
+    );
     let done = store
         .settle_compensation(
             run.id,
@@ -374,7 +624,10 @@ async fn r8_compensations_have_their_own_key_and_lifecycle(store: Store) {
         .await
         .unwrap();
     assert_eq!(done.external_ref.as_deref(), Some("re_1"));
-    assert_eq!(store.step(run.id, 0).await.unwrap().unwrap().status, StepStatus::Compensated);
+    assert_eq!(
+        store.step(run.id, 0).await.unwrap().unwrap().status,
+        StepStatus::Compensated
+    );
     assert_eq!(store.compensations(run.id).await.unwrap(), vec![done]);
 }
 
@@ -390,15 +643,28 @@ async fn pivot_approval_is_one_atomic_decision_on_the_plan_shown(store: Store) {
         expires_at: None,
     };
     let first = store
-        .request_approval(proposal("d1"), Some((RunStatus::Running, RunStatus::AwaitingApproval)), &agent())
+        .request_approval(
+            proposal("d1"),
+            Some((RunStatus::Running, RunStatus::AwaitingApproval)),
+            &agent(),
+        )
         .await
         .unwrap();
-    let second = store.request_approval(proposal("d2"), None, &agent()).await.unwrap();
-    assert_eq!(store.approval(first.id).await.unwrap().unwrap().status, ApprovalStatus::Superseded);
+    let second = store
+        .request_approval(proposal("d2"), None, &agent())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.approval(first.id).await.unwrap().unwrap().status,
+        ApprovalStatus::Superseded
+    );
     let stored = store.run(run.id).await.unwrap().unwrap();
     assert_eq!(stored.status, RunStatus::AwaitingApproval);
     assert_eq!(stored.pivot_approval_id, Some(second.id));
-    assert_eq!(store.pending_approvals().await.unwrap(), vec![second.clone()]);
+    assert_eq!(
+        store.pending_approvals().await.unwrap(),
+        vec![second.clone()]
+    );
     let decision = |digest: &str| Decision {
         approval_id: second.id,
         digest: digest.into(),
@@ -406,15 +672,30 @@ async fn pivot_approval_is_one_atomic_decision_on_the_plan_shown(store: Store) {
         note: None,
         run_move: Some((RunStatus::AwaitingApproval, RunStatus::Committing)),
     };
-    let err = store.decide_approval(decision("d1"), &lead()).await.unwrap_err();
+    let err = store
+        .decide_approval(decision("d1"), &lead())
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::PlanChanged), "{err}");
-    assert_eq!(store.run(run.id).await.unwrap().unwrap().status, RunStatus::AwaitingApproval);
-    let approved = store.decide_approval(decision("d2"), &lead()).await.unwrap();
+    assert_eq!(
+        store.run(run.id).await.unwrap().unwrap().status,
+        RunStatus::AwaitingApproval
+    );
+    let approved = store
+        .decide_approval(decision("d2"), &lead())
+        .await
+        .unwrap();
     assert_eq!(approved.status, ApprovalStatus::Approved);
     assert_eq!(approved.decided_by.as_deref(), Some("user:dana"));
-    assert_eq!(store.run(run.id).await.unwrap().unwrap().status, RunStatus::Committing);
+    assert_eq!(
+        store.run(run.id).await.unwrap().unwrap().status,
+        RunStatus::Committing
+    );
     // A second click finds it done and moves nothing.
-    let replay = store.decide_approval(decision("d2"), &lead()).await.unwrap();
+    let replay = store
+        .decide_approval(decision("d2"), &lead())
+        .await
+        .unwrap();
     assert_eq!(replay, approved);
     let err = store
         .decide_approval(
@@ -437,7 +718,16 @@ async fn r10_corrections_are_ranked_gated_and_sent_once(store: Store) {
     let run = new_run(&store, None).await;
     for idx in 0..3 {
         store
-            .record_step(step(&run, idx, "email.send", ToolClass::Irreversible, StepStatus::AwaitingApproval), &agent())
+            .record_step(
+                step(
+                    &run,
+                    idx,
+                    "email.send",
+                    ToolClass::Irreversible,
+                    StepStatus::AwaitingApproval,
+                ),
+                &agent(),
+            )
             .await
             .unwrap();
     }
@@ -451,40 +741,105 @@ async fn r10_corrections_are_ranked_gated_and_sent_once(store: Store) {
         recipients: vec!["ana@example.com".into()],
         idempotency_key: correction_key(run.id, idx, "email.send"),
     };
-    let internal = store.queue_correction(queue(0, Audience::Internal), &Actor::System).await.unwrap();
-    let customer = store.queue_correction(queue(1, Audience::Customer), &Actor::System).await.unwrap();
-    let public = store.queue_correction(queue(2, Audience::Public), &Actor::System).await.unwrap();
-    assert_eq!(store.queue_correction(queue(1, Audience::Customer), &Actor::System).await.unwrap(), customer);
-    let order: Vec<i64> = store.correction_queue().await.unwrap().iter().map(|c| c.id).collect();
+    let internal = store
+        .queue_correction(queue(0, Audience::Internal), &Actor::System)
+        .await
+        .unwrap();
+    let customer = store
+        .queue_correction(queue(1, Audience::Customer), &Actor::System)
+        .await
+        .unwrap();
+    let public = store
+        .queue_correction(queue(2, Audience::Public), &Actor::System)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .queue_correction(queue(1, Audience::Customer), &Actor::System)
+            .await
+            .unwrap(),
+        customer
+    );
+    let order: Vec<i64> = store
+        .correction_queue()
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.id)
+        .collect();
     assert_eq!(order, vec![public.id, customer.id, internal.id]);
     assert_eq!(customer.message, customer.template);
 
-    let edited = store.edit_correction(customer.id, "Sorry: ignore our last email.", &lead()).await.unwrap();
+    let edited = store
+        .edit_correction(customer.id, "Sorry: ignore our last email.", &lead())
+        .await
+        .unwrap();
     assert_eq!(edited.message, "Sorry: ignore our last email.");
     let err = store
-        .move_correction(internal.id, CorrectionStatus::Pending, CorrectionStatus::Dismissed, None, &lead())
+        .move_correction(
+            internal.id,
+            CorrectionStatus::Pending,
+            CorrectionStatus::Dismissed,
+            None,
+            &lead(),
+        )
         .await
         .unwrap_err();
     assert!(err.to_string().contains("needs a reason"), "{err}");
     let dismissed = store
-        .move_correction(internal.id, CorrectionStatus::Pending, CorrectionStatus::Dismissed, Some("only the team saw it"), &lead())
+        .move_correction(
+            internal.id,
+            CorrectionStatus::Pending,
+            CorrectionStatus::Dismissed,
+            Some("only the team saw it"),
+            &lead(),
+        )
         .await
         .unwrap();
-    assert_eq!(dismissed.dismiss_reason.as_deref(), Some("only the team saw it"));
+    assert_eq!(
+        dismissed.dismiss_reason.as_deref(),
+        Some("only the team saw it")
+    );
 
     let err = store
-        .settle_correction_send(customer.id, Outcome::moving(StepStatus::NotExecuted, StepStatus::Intended), Durability::Durable, &lead())
+        .settle_correction_send(
+            customer.id,
+            Outcome::moving(StepStatus::NotExecuted, StepStatus::Intended),
+            Durability::Durable,
+            &lead(),
+        )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Stale { .. }), "unsigned correction sent: {err}");
+    assert!(
+        matches!(err, StoreError::Stale { .. }),
+        "unsigned correction sent: {err}"
+    );
     store
-        .move_correction(customer.id, CorrectionStatus::Pending, CorrectionStatus::Approved, None, &lead())
+        .move_correction(
+            customer.id,
+            CorrectionStatus::Pending,
+            CorrectionStatus::Approved,
+            None,
+            &lead(),
+        )
         .await
         .unwrap();
-    let err = store.edit_correction(customer.id, "changed after sign-off", &lead()).await.unwrap_err();
-    assert!(err.to_string().contains("only a pending correction"), "{err}");
     let err = store
-        .move_correction(customer.id, CorrectionStatus::Approved, CorrectionStatus::Sent, None, &lead())
+        .edit_correction(customer.id, "changed after sign-off", &lead())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("only a pending correction"),
+        "{err}"
+    );
+    let err = store
+        .move_correction(
+            customer.id,
+            CorrectionStatus::Approved,
+            CorrectionStatus::Sent,
+            None,
+            &lead(),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");
@@ -494,18 +849,37 @@ async fn r10_corrections_are_ranked_gated_and_sent_once(store: Store) {
         (StepStatus::Intended, StepStatus::Unknown),
     ] {
         store
-            .settle_correction_send(customer.id, Outcome::moving(from, to), Durability::Durable, &lead())
+            .settle_correction_send(
+                customer.id,
+                Outcome::moving(from, to),
+                Durability::Durable,
+                &lead(),
+            )
             .await
             .unwrap();
     }
-    let unknown = store.corrections(run.id).await.unwrap().into_iter().find(|c| c.id == customer.id).unwrap();
+    let unknown = store
+        .corrections(run.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|c| c.id == customer.id)
+        .unwrap();
     assert_eq!(unknown.status, CorrectionStatus::Approved);
     assert_eq!(unknown.send_status, Some(StepStatus::Unknown));
     let err = store
-        .settle_correction_send(customer.id, Outcome::moving(StepStatus::NotExecuted, StepStatus::Intended), Durability::Durable, &lead())
+        .settle_correction_send(
+            customer.id,
+            Outcome::moving(StepStatus::NotExecuted, StepStatus::Intended),
+            Durability::Durable,
+            &lead(),
+        )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Stale { .. }), "an unknown send was sent again: {err}");
+    assert!(
+        matches!(err, StoreError::Stale { .. }),
+        "an unknown send was sent again: {err}"
+    );
     let sent = store
         .settle_correction_send(
             customer.id,
@@ -523,42 +897,96 @@ async fn r10_corrections_are_ranked_gated_and_sent_once(store: Store) {
         .unwrap();
     assert_eq!(sent.status, CorrectionStatus::Sent);
     assert_eq!(sent.message, "Sorry: ignore our last email.");
-    let left: Vec<i64> = store.correction_queue().await.unwrap().iter().map(|c| c.id).collect();
+    let left: Vec<i64> = store
+        .correction_queue()
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.id)
+        .collect();
     assert_eq!(left, vec![public.id]);
 }
 
 async fn every_change_is_in_the_audit_trail(store: Store) {
     let (run, _) = step_in(&store, StepStatus::Confirmed).await;
-    store.move_run(run.id, RunStatus::Running, RunStatus::Unwinding, &lead(), Some("wrong customer")).await.unwrap();
+    store
+        .move_run(
+            run.id,
+            RunStatus::Running,
+            RunStatus::Unwinding,
+            &lead(),
+            Some("wrong customer"),
+        )
+        .await
+        .unwrap();
     let events = store.events(Some(run.id), 100).await.unwrap();
     let lines: Vec<(String, String, Option<String>, Option<String>)> = events
         .iter()
-        .map(|e| (e.entity.clone(), e.actor.clone(), e.from_status.clone(), e.to_status.clone()))
+        .map(|e| {
+            (
+                e.entity.clone(),
+                e.actor.clone(),
+                e.from_status.clone(),
+                e.to_status.clone(),
+            )
+        })
         .collect();
     let s = |v: &str| Some(v.to_owned());
     assert_eq!(
         lines,
         vec![
             ("run".into(), "agent:support-bot".into(), None, s("RUNNING")),
-            ("step".into(), "agent:support-bot".into(), None, s("INTENDED")),
-            ("step".into(), "agent:support-bot".into(), s("INTENDED"), s("CONFIRMED")),
-            ("run".into(), "user:dana".into(), s("RUNNING"), s("UNWINDING")),
+            (
+                "step".into(),
+                "agent:support-bot".into(),
+                None,
+                s("INTENDED")
+            ),
+            (
+                "step".into(),
+                "agent:support-bot".into(),
+                s("INTENDED"),
+                s("CONFIRMED")
+            ),
+            (
+                "run".into(),
+                "user:dana".into(),
+                s("RUNNING"),
+                s("UNWINDING")
+            ),
         ]
     );
-    assert_eq!(events.last().unwrap().detail.as_deref(), Some("wrong customer"));
-    assert!(events.windows(2).all(|w| w[0].id < w[1].id && w[0].at <= w[1].at));
+    assert_eq!(
+        events.last().unwrap().detail.as_deref(),
+        Some("wrong customer")
+    );
+    assert!(events
+        .windows(2)
+        .all(|w| w[0].id < w[1].id && w[0].at <= w[1].at));
 }
 
 async fn users_and_tokens(store: Store) {
-    let user = store.add_user("dana", "$argon2id$stub-hash", Role::Approver).await.unwrap();
+    let user = store
+        .add_user("dana", "$argon2id$stub-hash", Role::Approver)
+        .await
+        .unwrap();
     assert_eq!(user.role, Role::Approver);
-    let err = store.add_user("dana", "$argon2id$other", Role::Admin).await.unwrap_err();
+    let err = store
+        .add_user("dana", "$argon2id$other", Role::Admin)
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::Duplicate { .. }), "{err}");
     let creds = store.credentials("dana").await.unwrap().unwrap();
     assert_eq!(creds.password_hash, "$argon2id$stub-hash");
     assert!(store.credentials("nobody").await.unwrap().is_none());
-    store.add_api_token("support-bot", "abc123", Some("laptop")).await.unwrap();
-    assert_eq!(store.agent_for_token("abc123").await.unwrap().as_deref(), Some("support-bot"));
+    store
+        .add_api_token("support-bot", "abc123", Some("laptop"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.agent_for_token("abc123").await.unwrap().as_deref(),
+        Some("support-bot")
+    );
     assert!(store.agent_for_token("abc124").await.unwrap().is_none());
 }
 
@@ -615,7 +1043,10 @@ async fn sqlite_a_second_harness_on_the_same_file_is_refused() {
         panic!("second open accepted");
     };
     let message = err.to_string();
-    assert!(message.contains("in use by another saga-harness process"), "{message}");
+    assert!(
+        message.contains("in use by another saga-harness process"),
+        "{message}"
+    );
     assert!(message.contains("PostgreSQL"), "{message}");
 }
 
@@ -625,15 +1056,39 @@ async fn postgres_several_instances_share_one_database() {
         eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
         return;
     };
-    let a = saga_harness::store::open(&db.url).await.unwrap().saga_store();
-    let b = saga_harness::store::open(&db.url).await.unwrap().saga_store();
+    let a = saga_harness::store::open(&db.url)
+        .await
+        .unwrap()
+        .saga_store();
+    let b = saga_harness::store::open(&db.url)
+        .await
+        .unwrap()
+        .saga_store();
     let run = new_run(&a, Some("shared")).await;
     assert_eq!(new_run(&b, Some("shared")).await.id, run.id);
     // Both instances race for the same step index: exactly one wins.
     let actor = agent();
     let (ra, rb) = tokio::join!(
-        a.record_step(step(&run, 0, "jira.create", ToolClass::Compensatable, StepStatus::Intended), &actor),
-        b.record_step(step(&run, 0, "jira.create", ToolClass::Compensatable, StepStatus::Intended), &actor),
+        a.record_step(
+            step(
+                &run,
+                0,
+                "jira.create",
+                ToolClass::Compensatable,
+                StepStatus::Intended
+            ),
+            &actor
+        ),
+        b.record_step(
+            step(
+                &run,
+                0,
+                "jira.create",
+                ToolClass::Compensatable,
+                StepStatus::Intended
+            ),
+            &actor
+        ),
     );
     assert_eq!(ra.is_ok() as u8 + rb.is_ok() as u8, 1, "{ra:?} {rb:?}");
     assert_eq!(a.run(run.id).await.unwrap().unwrap().next_step, 1);

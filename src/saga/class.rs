@@ -129,15 +129,23 @@ mod tests {
     fn r10_blast_radius_orders_public_customer_partner_internal() {
         assert!(Audience::Public.blast_radius() > Audience::Customer.blast_radius());
         assert!(Audience::Customer.blast_radius() > Audience::Partner.blast_radius());
-        assert_eq!(Audience::Partner.blast_radius(), Audience::Finance.blast_radius());
+        assert_eq!(
+            Audience::Partner.blast_radius(),
+            Audience::Finance.blast_radius()
+        );
         assert!(Audience::Finance.blast_radius() > Audience::Internal.blast_radius());
     }
 
     #[test]
     fn r1_unknown_class_names_the_choices() {
         let err = "maybe".parse::<ToolClass>().unwrap_err();
-        assert!(err.to_string().contains("pure, reversible, compensatable, irreversible"));
-        assert_eq!("irreversible".parse::<ToolClass>(), Ok(ToolClass::Irreversible));
+        assert!(err
+            .to_string()
+            .contains("pure, reversible, compensatable, irreversible"));
+        assert_eq!(
+            "irreversible".parse::<ToolClass>(),
+            Ok(ToolClass::Irreversible)
+        );
     }
 
     #[test]

@@ -50,7 +50,9 @@ mod tests {
     fn r3_key_changes_with_run_step_and_tool_only() {
         let base = step_key(run(), 3, "jira.create_issue");
         assert_eq!(base.len(), 32);
-        assert!(base.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(base
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
         assert_eq!(base, step_key(run(), 3, "jira.create_issue"));
         assert_ne!(base, step_key(run(), 4, "jira.create_issue"));
         assert_ne!(base, step_key(run(), 3, "jira.transition"));

@@ -10,6 +10,6 @@ pub mod key;
 #[cfg(feature = "ssr")]
 pub mod model;
 #[cfg(feature = "ssr")]
-pub mod store;
-#[cfg(feature = "ssr")]
 pub mod registry;
+#[cfg(feature = "ssr")]
+pub mod store;

@@ -64,7 +64,11 @@ pub struct RegistryMistake {
 
 impl fmt::Display for RegistryMistake {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "tool `{}`, field `{}`: {}", self.tool, self.field, self.problem)
+        write!(
+            f,
+            "tool `{}`, field `{}`: {}",
+            self.tool, self.field, self.problem
+        )
     }
 }
 
@@ -189,11 +193,17 @@ fn spec_mistakes(spec: &ToolSpec) -> Vec<RegistryMistake> {
             say("correction.template", "empty");
         }
         if correction.recipients.is_empty() {
-            say("correction.recipients", "empty; name who receives the correction");
+            say(
+                "correction.recipients",
+                "empty; name who receives the correction",
+            );
         }
     }
     if spec.gated && spec.class != ToolClass::Irreversible {
-        say("gated", "only an irreversible tool can be gated behind the pivot");
+        say(
+            "gated",
+            "only an irreversible tool can be gated behind the pivot",
+        );
     }
     mistakes
 }
@@ -237,10 +247,15 @@ mod tests {
 
     #[test]
     fn r1_registration_fails_without_a_class_naming_the_tool() {
-        let err = Registry::from_toml("[[tool]]\nname = \"jira.create\"\nconnector = \"jira.create_issue\"\n")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("tool `jira.create`, field `class`: missing"), "{err}");
+        let err = Registry::from_toml(
+            "[[tool]]\nname = \"jira.create\"\nconnector = \"jira.create_issue\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("tool `jira.create`, field `class`: missing"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -267,7 +282,10 @@ mod tests {
         let RegistryError::Mistakes(mistakes) = Registry::from_toml(text).unwrap_err() else {
             panic!("expected mistakes");
         };
-        let lines: Vec<String> = mistakes.iter().map(|m| format!("{} {}", m.tool, m.field)).collect();
+        let lines: Vec<String> = mistakes
+            .iter()
+            .map(|m| format!("{} {}", m.tool, m.field))
+            .collect();
         assert_eq!(
             lines,
             vec![
@@ -282,21 +300,31 @@ mod tests {
 
     #[test]
     fn r1_unknown_class_and_fields_are_named() {
-        let err = Registry::from_toml("[[tool]]\nname = \"x\"\nclass = \"sometimes\"\nconnector = \"c\"\n")
-            .unwrap_err()
-            .to_string();
+        let err = Registry::from_toml(
+            "[[tool]]\nname = \"x\"\nclass = \"sometimes\"\nconnector = \"c\"\n",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("tool `x`"), "{err}");
         assert!(err.contains("sometimes"), "{err}");
-        let err = Registry::from_toml("[[tool]]\nname = \"y\"\nclass = \"pure\"\nconnector = \"c\"\ncolour = 1\n")
-            .unwrap_err()
-            .to_string();
+        let err = Registry::from_toml(
+            "[[tool]]\nname = \"y\"\nclass = \"pure\"\nconnector = \"c\"\ncolour = 1\n",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("colour"), "{err}");
     }
 
     #[test]
     fn r1_duplicate_names_and_bad_syntax_are_refused() {
         let twice = "[[tool]]\nname = \"a\"\nclass = \"pure\"\nconnector = \"c\"\n".repeat(2);
-        assert!(Registry::from_toml(&twice).unwrap_err().to_string().contains("declared twice"));
-        assert!(matches!(Registry::from_toml("[[tool"), Err(RegistryError::Syntax(_))));
+        assert!(Registry::from_toml(&twice)
+            .unwrap_err()
+            .to_string()
+            .contains("declared twice"));
+        assert!(matches!(
+            Registry::from_toml("[[tool"),
+            Err(RegistryError::Syntax(_))
+        ));
     }
 }

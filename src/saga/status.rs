@@ -401,7 +401,9 @@ mod tests {
         assert!(check_step_transition(Lifecycle::Compensation, Intended, Unknown).is_ok());
         assert!(check_step_transition(Lifecycle::Compensation, Unknown, Confirmed).is_ok());
         assert!(check_step_transition(Lifecycle::Compensation, Confirmed, Compensated).is_err());
-        assert!(check_step_transition(Lifecycle::Compensation, AwaitingApproval, Intended).is_err());
+        assert!(
+            check_step_transition(Lifecycle::Compensation, AwaitingApproval, Intended).is_err()
+        );
     }
 
     #[test]
@@ -474,8 +476,15 @@ mod tests {
         use CorrectionStatus::*;
         for from in CorrectionStatus::ALL {
             for to in CorrectionStatus::ALL {
-                let legal = matches!((from, to), (Pending, Approved) | (Pending, Dismissed) | (Approved, Sent));
-                assert_eq!(check_correction_transition(from, to).is_ok(), legal, "{from:?} -> {to:?}");
+                let legal = matches!(
+                    (from, to),
+                    (Pending, Approved) | (Pending, Dismissed) | (Approved, Sent)
+                );
+                assert_eq!(
+                    check_correction_transition(from, to).is_ok(),
+                    legal,
+                    "{from:?} -> {to:?}"
+                );
             }
         }
     }
@@ -486,7 +495,11 @@ mod tests {
         for from in ApprovalStatus::ALL {
             for to in ApprovalStatus::ALL {
                 let legal = from == Pending && to != Pending;
-                assert_eq!(check_approval_transition(from, to).is_ok(), legal, "{from:?} -> {to:?}");
+                assert_eq!(
+                    check_approval_transition(from, to).is_ok(),
+                    legal,
+                    "{from:?} -> {to:?}"
+                );
             }
         }
     }

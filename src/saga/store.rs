@@ -141,7 +141,12 @@ pub trait SagaStore: Send + Sync + 'static {
     /// returns the existing one.
     async fn queue_correction(&self, new: NewCorrection, actor: &Actor) -> StoreResult<Correction>;
     /// Edits the text while it is still pending (a signed-off text is frozen).
-    async fn edit_correction(&self, id: i64, message: &str, actor: &Actor) -> StoreResult<Correction>;
+    async fn edit_correction(
+        &self,
+        id: i64,
+        message: &str,
+        actor: &Actor,
+    ) -> StoreResult<Correction>;
     async fn move_correction(
         &self,
         id: i64,

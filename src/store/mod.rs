@@ -30,9 +30,13 @@ impl Opened {
 /// Opens the backend named by the URL's scheme and migrates it.
 pub async fn open(url: &str) -> StoreResult<Opened> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Opened::Postgres(Arc::new(postgres::PostgresStore::open(url).await?)))
+        Ok(Opened::Postgres(Arc::new(
+            postgres::PostgresStore::open(url).await?,
+        )))
     } else if url.starts_with("sqlite:") {
-        Ok(Opened::Sqlite(Arc::new(sqlite::SqliteStore::open(url).await?)))
+        Ok(Opened::Sqlite(Arc::new(
+            sqlite::SqliteStore::open(url).await?,
+        )))
     } else {
         Err(StoreError::Invalid(format!(
             "unsupported database URL {:?}: use sqlite://FILE (the default is {DEFAULT_DATABASE_URL}) \
@@ -67,8 +71,14 @@ mod tests {
 
     #[test]
     fn passwords_never_reach_messages() {
-        assert_eq!(redact("postgres://saga:hunter2@db:5432/x"), "postgres://saga:***@db:5432/x");
-        assert_eq!(redact("sqlite://saga-harness.db"), "sqlite://saga-harness.db");
+        assert_eq!(
+            redact("postgres://saga:hunter2@db:5432/x"),
+            "postgres://saga:***@db:5432/x"
+        );
+        assert_eq!(
+            redact("sqlite://saga-harness.db"),
+            "sqlite://saga-harness.db"
+        );
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@ use crate::saga::model::Durability;
 use crate::store::sql::saga_store_sql;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgConnection, PgPool, Postgres};
+use sqlx::{PgConnection, PgPool, Postgres};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -30,14 +30,18 @@ impl PostgresStore {
         // refused connection or a wrong password should be reported now.
         let probe = sqlx::PgConnection::connect_with(&options)
             .await
-            .map_err(|e| StoreError::Database(format!("cannot reach PostgreSQL at {place}: {e}")))?;
+            .map_err(|e| {
+                StoreError::Database(format!("cannot reach PostgreSQL at {place}: {e}"))
+            })?;
         probe.close().await.map_err(db)?;
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await
-            .map_err(|e| StoreError::Database(format!("cannot reach PostgreSQL at {place}: {e}")))?;
+            .map_err(|e| {
+                StoreError::Database(format!("cannot reach PostgreSQL at {place}: {e}"))
+            })?;
         sqlx::migrate!("./migrations/postgres")
             .run(&pool)
             .await
@@ -70,4 +74,9 @@ impl PostgresStore {
     }
 }
 
-saga_store_sql!(PostgresStore, Postgres, Backend::Postgres, for_update = " FOR UPDATE");
+saga_store_sql!(
+    PostgresStore,
+    Postgres,
+    Backend::Postgres,
+    for_update = " FOR UPDATE"
+);

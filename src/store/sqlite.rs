@@ -105,7 +105,9 @@ fn take_process_lock(db: &Path) -> StoreResult<File> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| StoreError::Database(format!("cannot create lock file {}: {e}", path.display())))?;
+        .map_err(|e| {
+            StoreError::Database(format!("cannot create lock file {}: {e}", path.display()))
+        })?;
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(TryLockError::WouldBlock) => Err(StoreError::Invalid(format!(

@@ -5,7 +5,7 @@
 
 use crate::saga::class::Role;
 use leptos::prelude::*;
-use leptos_meta::{provide_meta_context, MetaTags, Stylesheet, Title};
+use leptos_meta::{provide_meta_context, Link, MetaTags, Stylesheet, Title};
 use leptos_router::components::{Route, Router, Routes};
 use leptos_router::hooks::use_query_map;
 use leptos_router::{path, SsrMode};
@@ -58,6 +58,7 @@ pub fn App() -> impl IntoView {
     provide_meta_context();
     view! {
         <Stylesheet id="leptos" href="/pkg/saga-harness.css"/>
+        <Link rel="icon" type_="image/svg+xml" href="/favicon.svg"/>
         <Title text="Saga Harness"/>
         <Router>
             <Routes fallback=|| view! { <main class="page"><h1>"Page not found"</h1><p><a href="/">"Back to the runs"</a></p></main> }>
@@ -268,7 +269,9 @@ pub mod ssr {
     }
 
     pub async fn session() -> Result<Session, ServerFnError> {
-        leptos_axum::extract::<Session>().await.map_err(ServerFnError::from)
+        leptos_axum::extract::<Session>()
+            .await
+            .map_err(ServerFnError::from)
     }
 
     /// The signed-in support lead, or an error telling them to sign in.
@@ -284,7 +287,9 @@ pub mod ssr {
     /// Logs the cause and tells the client only that something failed.
     pub fn internal(err: impl std::fmt::Display) -> ServerFnError {
         tracing::error!(%err, "dashboard request failed");
-        ServerFnError::new("The server could not complete this request; the details are in its log.")
+        ServerFnError::new(
+            "The server could not complete this request; the details are in its log.",
+        )
     }
 
     /// "3 min", "2 h", "5 d".

@@ -43,7 +43,10 @@ pub async fn postgres() -> Option<TestDb> {
 
 fn uuid_simple() -> String {
     use std::time::{SystemTime, UNIX_EPOCH};
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     format!("{nanos:x}{:x}", std::process::id())
 }
 
@@ -56,7 +59,9 @@ async fn connect_admin(url: &str) -> sqlx::PgConnection {
 }
 
 fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
     let scheme_end = base.find("://").map_or(0, |i| i + 3);
     let base = match base[scheme_end..].find('/') {
         Some(slash) => &base[..scheme_end + slash],

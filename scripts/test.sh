@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs every test, installing what is missing first: formatting, clippy, the
+# single-sqlx check, the wasm half, the Rust tests on SQLite and PostgreSQL,
+# then the dashboard in Chromium.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+
+setup_build_tools
+setup_browser
+setup_postgres
+
+# The same flags cargo-leptos uses for dev builds, so the tests, clippy and
+# the app share one set of compiled dependencies.
+export RUSTFLAGS="--cfg erase_components"
+target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
+started=$SECONDS
+phase() { say "$1 ($((SECONDS - started)) s so far)"; }
+
+phase "formatting"
+cargo fmt --check
+
+phase "clippy"
+cargo clippy --all-targets --features ssr -- -D warnings
+
+phase "one sqlx in the dependency tree"
+duplicates="$(cargo tree -d --features ssr -e normal,build --prefix none | grep -E '^sqlx' || true)"
+if [ -n "$duplicates" ]; then
+  echo "more than one version of sqlx is in the tree:" >&2
+  echo "$duplicates" >&2
+  exit 1
+fi
+
+phase "the wasm half"
+cargo check --lib --target wasm32-unknown-unknown --no-default-features --features hydrate
+
+phase "Rust tests on SQLite and PostgreSQL"
+cargo test --features ssr
+
+phase "building the app"
+cargo leptos build
+
+phase "browser tests"
+(
+  cd end2end
+  SAGA_BIN="$target_dir/debug/saga-harness" LEPTOS_SITE_ROOT="$PWD/../target/site" npx playwright test
+)
+
+phase "all tests passed"
