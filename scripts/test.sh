@@ -24,12 +24,16 @@ phase "clippy"
 cargo clippy --all-targets --features ssr -- -D warnings
 
 phase "one sqlx in the dependency tree"
-duplicates="$(cargo tree -d --features ssr -e normal,build --prefix none | grep -E '^sqlx' || true)"
-if [ -n "$duplicates" ]; then
-  echo "more than one version of sqlx is in the tree:" >&2
-  echo "$duplicates" >&2
+# Two versions of any sqlx crate would mean two drivers and two pools.
+versions="$(cargo tree --features ssr -e normal,build --prefix none --format '{p}' \
+  | awk '/^sqlx/ {print $1, $2}' | sort -u)"
+duplicates="$(awk '{print $1}' <<<"$versions" | uniq -d)"
+if [ -z "$versions" ] || [ -n "$duplicates" ]; then
+  echo "expected exactly one version of each sqlx crate, found:" >&2
+  echo "$versions" >&2
   exit 1
 fi
+echo "$versions"
 
 phase "the wasm half"
 cargo check --lib --target wasm32-unknown-unknown --no-default-features --features hydrate
