@@ -6,6 +6,10 @@ pub mod class;
 pub mod status;
 
 #[cfg(feature = "ssr")]
+pub mod connector;
+#[cfg(feature = "ssr")]
+pub mod engine;
+#[cfg(feature = "ssr")]
 pub mod key;
 #[cfg(feature = "ssr")]
 pub mod model;

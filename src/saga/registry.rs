@@ -26,6 +26,15 @@ pub struct CorrectionTemplate {
     pub recipients: Vec<String>,
 }
 
+/// `audience` applies when argument `arg` equals `equals`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AudienceRule {
+    pub arg: String,
+    pub equals: toml::Value,
+    pub audience: Audience,
+}
+
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolSpec {
@@ -35,6 +44,10 @@ pub struct ToolSpec {
     pub connector: String,
     #[serde(default = "default_audience")]
     pub audience: Audience,
+    /// Widens the audience when an argument has a value: a charge with
+    /// `receipt = true` reaches the customer, without it only finance.
+    #[serde(default)]
+    pub audience_when: Vec<AudienceRule>,
     pub undo: Option<CallTemplate>,
     pub compensation: Option<CallTemplate>,
     pub correction: Option<CorrectionTemplate>,
@@ -44,6 +57,137 @@ pub struct ToolSpec {
     /// How long to wait before looking a key up a second time (R7).
     #[serde(default = "default_settle_ms")]
     pub settle_ms: u64,
+}
+
+impl ToolSpec {
+    /// Who could see this call's effect, given its arguments: the widest of
+    /// the rules that match, else the declared audience.
+    pub fn audience_for(&self, args: &serde_json::Value) -> Audience {
+        self.audience_when
+            .iter()
+            .filter(|rule| {
+                let wanted = serde_json::to_value(&rule.equals).ok();
+                args.get(&rule.arg).is_some() && args.get(&rule.arg) == wanted.as_ref()
+            })
+            .map(|rule| rule.audience)
+            .fold(self.audience, Audience::max)
+    }
+
+    /// The pre-written way back (R6): the undo or compensation call with its
+    /// arguments filled from the step's key and arguments, or the
+    /// correction. `Err` says why it cannot be built for these arguments.
+    pub fn way_back(
+        &self,
+        key: &str,
+        args: &serde_json::Value,
+    ) -> Result<Option<serde_json::Value>, String> {
+        use serde_json::json;
+        match self.class {
+            ToolClass::Pure => Ok(None),
+            ToolClass::Reversible | ToolClass::Compensatable => {
+                let (kind, call) = match (&self.undo, &self.compensation) {
+                    (Some(undo), _) => ("undo", undo),
+                    (None, Some(compensation)) => ("compensation", compensation),
+                    (None, None) => {
+                        return Err(format!("{} declares no undo or compensation", self.name))
+                    }
+                };
+                let filled = fill(
+                    &serde_json::to_value(&call.args).map_err(|e| e.to_string())?,
+                    key,
+                    args,
+                )?;
+                Ok(Some(
+                    json!({"kind": kind, "tool": call.tool, "args": filled}),
+                ))
+            }
+            ToolClass::Irreversible => {
+                let Some(correction) = &self.correction else {
+                    return Err(format!("{} declares no correction", self.name));
+                };
+                let recipients = correction
+                    .recipients
+                    .iter()
+                    .map(|r| fill(&serde_json::Value::String(r.clone()), key, args))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if recipients
+                    .iter()
+                    .any(|r| r.as_str().is_some_and(|s| s.trim().is_empty()) || r.is_null())
+                {
+                    return Err("the correction has no recipient for these arguments".into());
+                }
+                let template = fill(
+                    &serde_json::Value::String(correction.template.clone()),
+                    key,
+                    args,
+                )?;
+                Ok(Some(
+                    json!({"kind": "correction", "template": template, "recipients": recipients}),
+                ))
+            }
+        }
+    }
+}
+
+/// Fills `{key}` and `{args.FIELD}` in every string of a template. A string
+/// that is exactly one placeholder takes the argument's JSON value (so an
+/// amount stays a number); a missing argument is an error naming it.
+pub fn fill(
+    template: &serde_json::Value,
+    key: &str,
+    args: &serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    use serde_json::Value;
+    let lookup = |name: &str| -> Result<Value, String> {
+        if name == "key" {
+            return Ok(Value::String(key.to_owned()));
+        }
+        let Some(field) = name.strip_prefix("args.") else {
+            return Err(format!(
+                "unknown placeholder {{{name}}}: use {{key}} or {{args.FIELD}}"
+            ));
+        };
+        args.pointer(&format!("/{}", field.replace('.', "/")))
+            .filter(|v| !v.is_null())
+            .cloned()
+            .ok_or_else(|| format!("the call has no argument `{field}` to fill {{{name}}}"))
+    };
+    match template {
+        Value::String(text) => {
+            if let Some(name) = text.strip_prefix('{').and_then(|t| t.strip_suffix('}')) {
+                if !name.contains(['{', '}']) {
+                    return lookup(name);
+                }
+            }
+            let mut out = String::new();
+            let mut rest = text.as_str();
+            while let Some(start) = rest.find('{') {
+                out.push_str(&rest[..start]);
+                let Some(end) = rest[start..].find('}') else {
+                    return Err(format!("unclosed placeholder in {text:?}"));
+                };
+                let value = lookup(&rest[start + 1..start + end])?;
+                match value {
+                    Value::String(s) => out.push_str(&s),
+                    other => out.push_str(&other.to_string()),
+                }
+                rest = &rest[start + end + 1..];
+            }
+            out.push_str(rest);
+            Ok(Value::String(out))
+        }
+        Value::Array(items) => items
+            .iter()
+            .map(|v| fill(v, key, args))
+            .collect::<Result<_, _>>()
+            .map(Value::Array),
+        Value::Object(map) => map
+            .iter()
+            .map(|(k, v)| fill(v, key, args).map(|v| (k.clone(), v)))
+            .collect::<Result<_, _>>()
+            .map(Value::Object),
+        other => Ok(other.clone()),
+    }
 }
 
 fn default_audience() -> Audience {
@@ -313,6 +457,88 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn audience_widens_with_arguments() {
+        let registry = Registry::from_toml(
+            r#"
+            [[tool]]
+            name = "charge"
+            class = "compensatable"
+            connector = "payments.charge"
+            audience = "finance"
+            audience_when = [{ arg = "receipt", equals = true, audience = "customer" }]
+            compensation = { tool = "payments.refund", args = { charge_key = "{key}", amount = "{args.amount}" } }
+            "#,
+        )
+        .unwrap();
+        let charge = registry.get("charge").unwrap();
+        assert_eq!(
+            charge.audience_for(&serde_json::json!({"receipt": true})),
+            Audience::Customer
+        );
+        assert_eq!(
+            charge.audience_for(&serde_json::json!({"receipt": false})),
+            Audience::Finance
+        );
+        assert_eq!(
+            charge.audience_for(&serde_json::json!({})),
+            Audience::Finance
+        );
+    }
+
+    #[test]
+    fn r6_the_way_back_refers_to_the_key_and_fails_without_its_arguments() {
+        let registry = Registry::from_toml(
+            r#"
+            [[tool]]
+            name = "charge"
+            class = "compensatable"
+            connector = "payments.charge"
+            compensation = { tool = "payments.refund", args = { charge_key = "{key}", amount = "{args.amount}", note = "refund of {args.amount} cents" } }
+            [[tool]]
+            name = "mail"
+            class = "irreversible"
+            connector = "mail.send"
+            correction = { template = "Dear {args.name}, please disregard our message.", recipients = ["{args.to}"] }
+            "#,
+        )
+        .unwrap();
+        let way = registry
+            .get("charge")
+            .unwrap()
+            .way_back("k1", &serde_json::json!({"amount": 1200}))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            way,
+            serde_json::json!({"kind": "compensation", "tool": "payments.refund",
+                "args": {"charge_key": "k1", "amount": 1200, "note": "refund of 1200 cents"}})
+        );
+        let err = registry
+            .get("charge")
+            .unwrap()
+            .way_back("k1", &serde_json::json!({}))
+            .unwrap_err();
+        assert!(err.contains("`amount`"), "{err}");
+        let err = registry
+            .get("mail")
+            .unwrap()
+            .way_back("k2", &serde_json::json!({"name": "Ana"}))
+            .unwrap_err();
+        assert!(err.contains("`to`"), "{err}");
+        let mail = registry
+            .get("mail")
+            .unwrap()
+            .way_back(
+                "k2",
+                &serde_json::json!({"name": "Ana", "to": "ana@example.com"}),
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(mail["recipients"], serde_json::json!(["ana@example.com"]));
+        assert_eq!(mail["template"], "Dear Ana, please disregard our message.");
     }
 
     #[test]

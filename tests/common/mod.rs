@@ -94,3 +94,4 @@ impl Drop for TestDb {
         }
     }
 }
+pub mod world;

@@ -1,0 +1,720 @@
+//! Dispatch: where a tool call becomes an INTENDED row, then a call, then an
+//! outcome (R2–R7, R9, DESIGN.md §4–§5).
+//!
+//! `Engine::call` is the one entry for an agent's call. Pure calls go
+//! straight to the connector. A non-pure call names its step: a new step is
+//! logged (or held for approval) before anything is sent; an old step gets
+//! its recorded outcome, reconciled first if it is unsettled, re-executed
+//! under the same key and logged arguments if nothing happened.
+
+use super::class::{Phase, ToolClass};
+use super::connector::{classify, Classified, Connector, Lookup, LookupError};
+use super::key::step_key;
+use super::model::*;
+use super::registry::{Registry, ToolSpec};
+use super::status::{ApprovalStatus, RunStatus, StepStatus};
+use super::store::{SagaStore, StoreError};
+use serde::Serialize;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// What the agent is told about its call (§5): never an HTTP error.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeKind {
+    Confirmed,
+    Failed,
+    Unknown,
+    NotExecuted,
+    AwaitingApproval,
+    Rejected,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CallOutcome {
+    pub outcome: OutcomeKind,
+    /// `None` for pure calls: they take no step index (R2).
+    pub step: Option<i64>,
+    pub key: Option<String>,
+    pub external_ref: Option<String>,
+    pub result: Option<Value>,
+    pub error: Option<String>,
+    /// Written for a model: what to do next.
+    pub message: String,
+    pub next_step: i64,
+}
+
+/// A call the harness refuses; `code` is machine-readable (§5).
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("run not found")]
+    RunNotFound,
+    #[error("no tool named {0:?} is registered")]
+    UnknownTool(String),
+    #[error(
+        "{tool} has side effects: name the step you mean (the run's next step is {next_step})"
+    )]
+    StepRequired { tool: String, next_step: i64 },
+    #[error("step {step} was {logged}, not {tool}: a step keeps its tool")]
+    StepMismatch {
+        step: i64,
+        logged: String,
+        tool: String,
+    },
+    #[error("step {step} is beyond the run's next step {next_step}")]
+    StepOutOfOrder { step: i64, next_step: i64 },
+    #[error("step {step} is still unsettled; the harness is resolving it. Re-send step {step} to read its outcome")]
+    StepUnresolved { step: i64 },
+    #[error("the run waits for its pivot to be approved and takes no other calls")]
+    RunAwaitingApproval,
+    #[error("the run is past its pivot: the approved commit steps run without the agent")]
+    RunPastPivot,
+    #[error("the run is {status} and takes no new calls")]
+    RunClosed { status: RunStatus },
+    #[error("{0} runs only as a commit step of an approved pivot")]
+    GatedTool(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Refusal {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::RunNotFound => "run_not_found",
+            Refusal::UnknownTool(_) => "unknown_tool",
+            Refusal::StepRequired { .. } => "step_required",
+            Refusal::StepMismatch { .. } => "step_mismatch",
+            Refusal::StepOutOfOrder { .. } => "step_out_of_order",
+            Refusal::StepUnresolved { .. } => "step_unresolved",
+            Refusal::RunAwaitingApproval => "run_awaiting_approval",
+            Refusal::RunPastPivot => "run_past_pivot",
+            Refusal::RunClosed { .. } => "run_closed",
+            Refusal::GatedTool(_) => "gated_tool",
+            Refusal::Store(_) => "internal",
+        }
+    }
+}
+
+pub struct Engine {
+    store: Arc<dyn SagaStore>,
+    registry: Arc<Registry>,
+    connector: Arc<dyn Connector>,
+    /// One call at a time per run in this process, so a re-sent step never
+    /// races its own first attempt.
+    run_locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Engine {
+    pub fn new(
+        store: Arc<dyn SagaStore>,
+        registry: Arc<Registry>,
+        connector: Arc<dyn Connector>,
+    ) -> Self {
+        Engine {
+            store,
+            registry,
+            connector,
+            run_locks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn SagaStore> {
+        &self.store
+    }
+
+    fn run_lock(&self, run_id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+        // A poisoned map only means another call panicked; the map is still
+        // a valid set of locks.
+        let mut locks = self.run_locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(run_id).or_default().clone()
+    }
+
+    fn spec(&self, tool: &str) -> Result<&ToolSpec, Refusal> {
+        self.registry
+            .get(tool)
+            .ok_or_else(|| Refusal::UnknownTool(tool.to_owned()))
+    }
+
+    /// An agent's tool call (§5).
+    pub async fn call(
+        &self,
+        agent: &str,
+        run_id: Uuid,
+        tool: &str,
+        args: Value,
+        step: Option<i64>,
+    ) -> Result<CallOutcome, Refusal> {
+        let lock = self.run_lock(run_id);
+        let _serialised = lock.lock().await;
+        let run = self
+            .store
+            .run(run_id)
+            .await?
+            .filter(|r| r.agent == agent)
+            .ok_or(Refusal::RunNotFound)?;
+        let spec = self.spec(tool)?;
+        if spec.class == ToolClass::Pure {
+            return self.call_pure(&run, spec, &args).await;
+        }
+        let step = step.ok_or_else(|| Refusal::StepRequired {
+            tool: tool.to_owned(),
+            next_step: run.next_step,
+        })?;
+        if step < run.next_step {
+            let logged = self
+                .store
+                .step(run_id, step)
+                .await?
+                .ok_or(Refusal::StepOutOfOrder {
+                    step,
+                    next_step: run.next_step,
+                })?;
+            if logged.tool != tool {
+                return Err(Refusal::StepMismatch {
+                    step,
+                    logged: logged.tool,
+                    tool: tool.to_owned(),
+                });
+            }
+            // The logged arguments win: a reworded retry never changes them.
+            let settled = self.settle_existing(logged).await?;
+            return self.outcome_of(&settled).await;
+        }
+        if step > run.next_step {
+            return Err(Refusal::StepOutOfOrder {
+                step,
+                next_step: run.next_step,
+            });
+        }
+        match run.status {
+            RunStatus::Running => {}
+            RunStatus::AwaitingApproval => return Err(Refusal::RunAwaitingApproval),
+            RunStatus::Committing | RunStatus::Completed => return Err(Refusal::RunPastPivot),
+            status => return Err(Refusal::RunClosed { status }),
+        }
+        self.ensure_earlier_steps_settled(run_id).await?;
+        if spec.gated {
+            return Err(Refusal::GatedTool(tool.to_owned()));
+        }
+        let key = step_key(run_id, step, tool);
+        let (compensation, held_because) = match spec.way_back(&key, &args) {
+            Ok(way) => (way, None),
+            Err(reason) => (
+                None,
+                Some(format!("the way back cannot be built: {reason}")),
+            ),
+        };
+        let held_because = match (spec.class, held_because) {
+            (_, Some(reason)) => Some(reason),
+            (ToolClass::Irreversible, None) => {
+                Some("an irreversible call before the pivot needs its own approval".to_owned())
+            }
+            _ => None,
+        };
+        let actor = Actor::Agent(agent.to_owned());
+        let new = NewStep {
+            run_id,
+            step_idx: step,
+            tool: tool.to_owned(),
+            tool_class: spec.class,
+            idempotency_key: key.clone(),
+            args: args.clone(),
+            status: if held_because.is_some() {
+                StepStatus::AwaitingApproval
+            } else {
+                StepStatus::Intended
+            },
+            compensation,
+            audience: spec.audience_for(&args),
+            phase: Phase::BeforePivot,
+        };
+        // R2: the row is committed before anything is sent.
+        let logged = self.store.record_step(new, &actor).await?;
+        if let Some(reason) = held_because {
+            let call = json!({"tool": tool, "args": args, "step": step});
+            self.store
+                .request_approval(
+                    NewApproval {
+                        run_id,
+                        kind: ApprovalKind::Step,
+                        step_idx: Some(step),
+                        summary: reason,
+                        digest: plan_digest(&call),
+                        plan: call,
+                        expires_at: None,
+                    },
+                    None,
+                    &actor,
+                )
+                .await?;
+            return self.outcome_of(&logged).await;
+        }
+        let settled = self.execute_logged(logged, &actor).await?;
+        self.outcome_of(&settled).await
+    }
+
+    async fn call_pure(
+        &self,
+        run: &Run,
+        spec: &ToolSpec,
+        args: &Value,
+    ) -> Result<CallOutcome, Refusal> {
+        // No key is needed: a pure call has no effect to deduplicate.
+        let report = self.connector.execute(&spec.connector, "", args).await;
+        let classified = classify(&report, |body| {
+            self.connector
+                .external_ref(&spec.connector, body)
+                .or(Some(String::new()))
+        });
+        let (outcome, result, error, message) = match classified {
+            Classified::Confirmed { result, .. } => (
+                OutcomeKind::Confirmed,
+                Some(result),
+                None,
+                "done".to_owned(),
+            ),
+            Classified::Failed { error } => (
+                OutcomeKind::Failed,
+                None,
+                Some(error),
+                "the system refused this read".to_owned(),
+            ),
+            Classified::Unknown { reason } | Classified::NotExecuted { reason } => (
+                OutcomeKind::NotExecuted,
+                None,
+                Some(reason),
+                "this read has no side effect: it is safe to call again".to_owned(),
+            ),
+        };
+        Ok(CallOutcome {
+            outcome,
+            step: None,
+            key: None,
+            external_ref: None,
+            result,
+            error,
+            message,
+            next_step: run.next_step,
+        })
+    }
+
+    /// Refuses a new step while an earlier one is unsettled, after trying
+    /// to settle it here.
+    async fn ensure_earlier_steps_settled(&self, run_id: Uuid) -> Result<(), Refusal> {
+        for step in self.store.steps(run_id).await? {
+            if step.status.is_settled() {
+                continue;
+            }
+            let idx = step.step_idx;
+            // Only reconcile here: retrying an earlier step is the agent's
+            // call to make, by re-sending it.
+            let after = self.reconcile(step).await?;
+            if !after.status.is_settled() {
+                return Err(Refusal::StepUnresolved { step: idx });
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings an existing step as far as it can go without a person:
+    /// reconciles INTENDED / UNKNOWN, re-executes NOT_EXECUTED under the
+    /// same key (R7, §5).
+    async fn settle_existing(&self, step: Step) -> Result<Step, Refusal> {
+        match step.status {
+            StepStatus::Intended | StepStatus::Unknown => {
+                let reconciled = self.reconcile(step).await?;
+                if reconciled.status == StepStatus::NotExecuted {
+                    return self.retry(reconciled).await;
+                }
+                Ok(reconciled)
+            }
+            StepStatus::NotExecuted => self.retry(step).await,
+            _ => Ok(step),
+        }
+    }
+
+    /// NOT_EXECUTED → INTENDED → the call again: same key, logged arguments.
+    async fn retry(&self, step: Step) -> Result<Step, Refusal> {
+        let step = self
+            .store
+            .settle_step(
+                step.run_id,
+                step.step_idx,
+                Outcome::moving(StepStatus::NotExecuted, StepStatus::Intended),
+                Durability::Durable,
+                &Actor::System,
+            )
+            .await?;
+        self.execute_logged(step, &Actor::System).await
+    }
+
+    /// Sends an INTENDED step and records what came back (R4). The outcome
+    /// commit may be lazy when reconcile could recover it (§9).
+    async fn execute_logged(&self, step: Step, actor: &Actor) -> Result<Step, Refusal> {
+        let spec = self.spec(&step.tool)?;
+        let operation = &spec.connector;
+        let report = self
+            .connector
+            .execute(operation, &step.idempotency_key, &step.args)
+            .await;
+        let classified = classify(&report, |body| self.connector.external_ref(operation, body));
+        let durability = if self.connector.has_lookup(operation) {
+            Durability::Lazy
+        } else {
+            Durability::Durable
+        };
+        let outcome = outcome_from(StepStatus::Intended, classified);
+        let settled = self
+            .store
+            .settle_step(step.run_id, step.step_idx, outcome, durability, actor)
+            .await?;
+        if settled.status == StepStatus::Unknown && durability == Durability::Durable {
+            // Nothing can look this up: ask now rather than at the next call.
+            self.ask_a_person(&settled).await?;
+        }
+        Ok(settled)
+    }
+
+    /// R7: asks the real system about the key. Found → the recorded
+    /// outcome; not found twice (a settle pause apart) → NOT_EXECUTED; no
+    /// lookup → UNKNOWN, and the run waits for a person's answer.
+    pub async fn reconcile(&self, step: Step) -> Result<Step, Refusal> {
+        if step.status.is_settled() || step.status == StepStatus::AwaitingApproval {
+            return Ok(step);
+        }
+        let spec = self.spec(&step.tool)?;
+        let operation = spec.connector.clone();
+        let settle = Duration::from_millis(spec.settle_ms);
+        let mut looked_once = false;
+        let found = loop {
+            match self
+                .connector
+                .lookup(&operation, &step.idempotency_key, &step.args)
+                .await
+            {
+                Ok(Lookup::NotFound) if !looked_once => {
+                    looked_once = true;
+                    tokio::time::sleep(settle).await;
+                }
+                Ok(found) => break Ok(found),
+                Err(err) => break Err(err),
+            }
+        };
+        let outcome = match found {
+            Ok(Lookup::FoundSucceeded {
+                external_ref,
+                result,
+            }) => Outcome {
+                from: step.status,
+                to: StepStatus::Confirmed,
+                external_ref: Some(external_ref),
+                result: Some(result),
+                error: None,
+            },
+            Ok(Lookup::FoundFailed { error }) => Outcome {
+                from: step.status,
+                to: StepStatus::Failed,
+                external_ref: None,
+                result: None,
+                error: Some(error),
+            },
+            Ok(Lookup::NotFound) => Outcome::moving(step.status, StepStatus::NotExecuted),
+            Err(LookupError::Unsupported) => {
+                let step = self
+                    .mark_unknown(step, "no lookup: a person must say whether it happened")
+                    .await?;
+                self.ask_a_person(&step).await?;
+                return Ok(step);
+            }
+            Err(LookupError::Unavailable(reason)) => {
+                return self
+                    .mark_unknown(step, &format!("lookup failed: {reason}"))
+                    .await;
+            }
+        };
+        Ok(self
+            .store
+            .settle_step(
+                step.run_id,
+                step.step_idx,
+                outcome,
+                Durability::Durable,
+                &Actor::System,
+            )
+            .await?)
+    }
+
+    async fn mark_unknown(&self, step: Step, why: &str) -> Result<Step, Refusal> {
+        if step.status == StepStatus::Unknown {
+            return Ok(step);
+        }
+        let outcome = Outcome {
+            from: step.status,
+            to: StepStatus::Unknown,
+            external_ref: None,
+            result: None,
+            error: Some(why.to_owned()),
+        };
+        Ok(self
+            .store
+            .settle_step(
+                step.run_id,
+                step.step_idx,
+                outcome,
+                Durability::Durable,
+                &Actor::System,
+            )
+            .await?)
+    }
+
+    /// Puts the run in NEEDS_ATTENTION with a "did this happen?" question.
+    async fn ask_a_person(&self, step: &Step) -> Result<(), Refusal> {
+        let Some(run) = self.store.run(step.run_id).await? else {
+            return Err(Refusal::RunNotFound);
+        };
+        if run.status == RunStatus::NeedsAttention {
+            return Ok(());
+        }
+        let question = format!(
+            "did step {} ({}) happen? It cannot be looked up; key {}",
+            step.step_idx, step.tool, step.idempotency_key
+        );
+        match self
+            .store
+            .move_run(
+                run.id,
+                run.status,
+                RunStatus::NeedsAttention,
+                &Actor::System,
+                Some(&question),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Terminal runs keep their status; the unknown step stays visible.
+            Err(StoreError::IllegalTransition(_)) => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// A person's answer to "did this happen?" (R7), recorded in the audit
+    /// trail. The run returns to where it was once no question is left.
+    pub async fn answer(
+        &self,
+        run_id: Uuid,
+        step_idx: i64,
+        happened: bool,
+        external_ref: Option<String>,
+        person: &Actor,
+    ) -> Result<Step, Refusal> {
+        let lock = self.run_lock(run_id);
+        let _serialised = lock.lock().await;
+        let to = if happened {
+            StepStatus::Confirmed
+        } else {
+            StepStatus::NotExecuted
+        };
+        let outcome = Outcome {
+            from: StepStatus::Unknown,
+            to,
+            external_ref,
+            result: None,
+            error: None,
+        };
+        let step = self
+            .store
+            .settle_step(run_id, step_idx, outcome, Durability::Durable, person)
+            .await?;
+        let open_questions = self
+            .store
+            .steps(run_id)
+            .await?
+            .into_iter()
+            .any(|s| s.status == StepStatus::Unknown);
+        if let Some(run) = self.store.run(run_id).await? {
+            if run.status == RunStatus::NeedsAttention && !open_questions {
+                if let Some(back) = run.resume_to {
+                    self.store
+                        .move_run(
+                            run_id,
+                            RunStatus::NeedsAttention,
+                            back,
+                            person,
+                            Some("every question answered"),
+                        )
+                        .await?;
+                }
+            }
+        }
+        Ok(step)
+    }
+
+    /// A person approves or rejects a held single step (§4). Approve runs
+    /// the stored call; reject settles it as REJECTED.
+    pub async fn decide_step(
+        &self,
+        approval_id: i64,
+        digest: &str,
+        approve: bool,
+        person: &Actor,
+    ) -> Result<Step, Refusal> {
+        let approval =
+            self.store
+                .approval(approval_id)
+                .await?
+                .ok_or_else(|| StoreError::NotFound {
+                    what: format!("approval {approval_id}"),
+                })?;
+        let step_idx = approval.step_idx.ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "approval {approval_id} is a pivot, not a single step"
+            ))
+        })?;
+        let lock = self.run_lock(approval.run_id);
+        let _serialised = lock.lock().await;
+        let decided = self
+            .store
+            .decide_approval(
+                Decision {
+                    approval_id,
+                    digest: digest.to_owned(),
+                    to: if approve {
+                        ApprovalStatus::Approved
+                    } else {
+                        ApprovalStatus::Rejected
+                    },
+                    note: None,
+                    run_move: None,
+                },
+                person,
+            )
+            .await?;
+        let step = self
+            .store
+            .step(approval.run_id, step_idx)
+            .await?
+            .ok_or_else(|| StoreError::NotFound {
+                what: format!("step {step_idx}"),
+            })?;
+        if step.status != StepStatus::AwaitingApproval {
+            return Ok(step);
+        }
+        let to = if decided.status == ApprovalStatus::Approved {
+            StepStatus::Intended
+        } else {
+            StepStatus::Rejected
+        };
+        let step = self
+            .store
+            .settle_step(
+                approval.run_id,
+                step_idx,
+                Outcome::moving(StepStatus::AwaitingApproval, to),
+                Durability::Durable,
+                person,
+            )
+            .await?;
+        if to == StepStatus::Intended {
+            return self.execute_logged(step, person).await;
+        }
+        Ok(step)
+    }
+
+    async fn outcome_of(&self, step: &Step) -> Result<CallOutcome, Refusal> {
+        let next_step = self
+            .store
+            .run(step.run_id)
+            .await?
+            .map_or(step.step_idx + 1, |r| r.next_step);
+        let (outcome, message) = match step.status {
+            StepStatus::Confirmed | StepStatus::Compensated => (OutcomeKind::Confirmed, "done".to_owned()),
+            StepStatus::Failed => (
+                OutcomeKind::Failed,
+                "the system refused this call; nothing happened. Change course rather than retrying it".to_owned(),
+            ),
+            StepStatus::Intended | StepStatus::Unknown => (
+                OutcomeKind::Unknown,
+                format!(
+                    "the outcome is unknown and may have happened. Do not retry with new arguments and do not \
+                     assume it failed: the harness resolves it. Re-send step {} unchanged to read its outcome",
+                    step.step_idx
+                ),
+            ),
+            StepStatus::NotExecuted => (
+                OutcomeKind::NotExecuted,
+                format!("nothing happened; re-send step {} to try it again under the same key", step.step_idx),
+            ),
+            StepStatus::AwaitingApproval => (
+                OutcomeKind::AwaitingApproval,
+                format!(
+                    "held for a person's approval; nothing was sent. Re-send step {} later to read the decision",
+                    step.step_idx
+                ),
+            ),
+            StepStatus::Rejected => (
+                OutcomeKind::Rejected,
+                "a person rejected this call; it was not sent. Go on without it".to_owned(),
+            ),
+        };
+        Ok(CallOutcome {
+            outcome,
+            step: Some(step.step_idx),
+            key: Some(step.idempotency_key.clone()),
+            external_ref: step.external_ref.clone(),
+            result: step.result.clone(),
+            error: step.error.clone(),
+            message,
+            next_step,
+        })
+    }
+}
+
+/// The status move a classified call makes from `from`.
+fn outcome_from(from: StepStatus, classified: Classified) -> Outcome {
+    match classified {
+        Classified::Confirmed {
+            external_ref,
+            result,
+        } => Outcome {
+            from,
+            to: StepStatus::Confirmed,
+            external_ref: Some(external_ref),
+            result: Some(result),
+            error: None,
+        },
+        Classified::Failed { error } => Outcome {
+            from,
+            to: StepStatus::Failed,
+            external_ref: None,
+            result: None,
+            error: Some(error),
+        },
+        Classified::Unknown { reason } => Outcome {
+            from,
+            to: StepStatus::Unknown,
+            external_ref: None,
+            result: None,
+            error: Some(reason),
+        },
+        Classified::NotExecuted { reason } => Outcome {
+            from,
+            to: StepStatus::NotExecuted,
+            external_ref: None,
+            result: None,
+            error: Some(reason),
+        },
+    }
+}
+
+/// The digest an approval form carries back (§4): SHA-256 of the plan's
+/// canonical JSON (serde_json orders object keys).
+pub fn plan_digest(plan: &Value) -> String {
+    Sha256::digest(plan.to_string().as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

@@ -1,0 +1,327 @@
+//! An in-process model of the outside world for engine tests: a payments
+//! system with native idempotency, a ticket system without it (searched by
+//! label), a mail sender with no lookup at all, and a warehouse. Every
+//! effect is recorded with its key, so tests check what really happened,
+//! independently of the saga log. Faults are queued per operation.
+#![allow(dead_code)]
+
+use async_trait::async_trait;
+use saga_harness::saga::connector::{CallReport, Connector, Lookup, LookupError};
+use serde_json::{json, Value};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+/// What goes wrong on the next call of an operation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fault {
+    /// The effect happens, then the gateway answers 504.
+    EffectThen504,
+    /// The effect happens, then the connection drops.
+    EffectThenReset,
+    /// The effect happens, then a proxy answers 200 with a blank page.
+    EffectThenBlank,
+    /// Nothing happens and nothing answers.
+    TimeoutWithoutEffect,
+    /// Nothing happens; the system answers this status.
+    Status(u16),
+    /// The request never leaves.
+    Refused,
+}
+
+/// One effect that really happened.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Effect {
+    pub operation: String,
+    pub key: String,
+    pub args: Value,
+    pub id: String,
+}
+
+#[derive(Default)]
+struct State {
+    effects: Vec<Effect>,
+    /// Ticket id → closed?
+    tickets: HashMap<String, bool>,
+    /// Charge id → refunded?
+    charges: HashMap<String, bool>,
+    faults: HashMap<String, VecDeque<Fault>>,
+    /// Lookups that answer "not found" before the search index catches up.
+    lookup_lag: HashMap<String, usize>,
+    lookup_down: bool,
+    next_id: u64,
+}
+
+#[derive(Default)]
+pub struct World {
+    state: Mutex<State>,
+}
+
+impl World {
+    pub fn new() -> Self {
+        World::default()
+    }
+
+    pub fn fail_next(&self, operation: &str, fault: Fault) {
+        self.lock()
+            .faults
+            .entry(operation.into())
+            .or_default()
+            .push_back(fault);
+    }
+
+    pub fn lag_lookups(&self, operation: &str, times: usize) {
+        self.lock().lookup_lag.insert(operation.into(), times);
+    }
+
+    pub fn lookups_down(&self, down: bool) {
+        self.lock().lookup_down = down;
+    }
+
+    pub fn effects(&self, operation: &str) -> Vec<Effect> {
+        self.lock()
+            .effects
+            .iter()
+            .filter(|e| e.operation == operation)
+            .cloned()
+            .collect()
+    }
+
+    pub fn open_tickets(&self) -> usize {
+        self.lock()
+            .tickets
+            .values()
+            .filter(|closed| !**closed)
+            .count()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap()
+    }
+
+    fn find(state: &State, operation: &str, key: &str) -> Option<Effect> {
+        state
+            .effects
+            .iter()
+            .find(|e| e.operation == operation && e.key == key)
+            .cloned()
+    }
+
+    /// Applies the effect of a call; `Err` is the system's refusal.
+    fn apply(
+        state: &mut State,
+        operation: &str,
+        key: &str,
+        args: &Value,
+    ) -> Result<Value, (u16, Value)> {
+        fn new_id(state: &mut State, prefix: &str) -> String {
+            state.next_id += 1;
+            format!("{prefix}_{}", state.next_id)
+        }
+        let (id, body) = match operation {
+            "tickets.create" => {
+                // No native idempotency: the same key twice is two tickets.
+                let id = new_id(state, "T");
+                state.tickets.insert(id.clone(), false);
+                (id.clone(), json!({"id": id, "key": key}))
+            }
+            "tickets.close" => {
+                let target = args["ticket_key"].as_str().unwrap_or_default();
+                let Some(ticket) = Self::find(state, "tickets.create", target) else {
+                    return Err((404, json!({"errorMessages": ["Issue does not exist"]})));
+                };
+                let closed = state.tickets.get_mut(&ticket.id).expect("ticket recorded");
+                if *closed {
+                    // Already closed: a second close changes nothing.
+                    return Ok(json!({"id": ticket.id, "status": "closed"}));
+                }
+                *closed = true;
+                (
+                    ticket.id.clone(),
+                    json!({"id": ticket.id, "status": "closed"}),
+                )
+            }
+            "payments.charge" | "payments.refund" => {
+                // Native idempotency: the same key returns the first result.
+                if let Some(existing) = Self::find(state, operation, key) {
+                    return Ok(json!({"id": existing.id}));
+                }
+                if operation == "payments.refund" {
+                    let target = args["charge_key"].as_str().unwrap_or_default();
+                    let Some(charge) = Self::find(state, "payments.charge", target) else {
+                        return Err((404, json!({"error": {"message": "No such charge"}})));
+                    };
+                    let refunded = state.charges.get_mut(&charge.id).expect("charge recorded");
+                    if *refunded {
+                        return Err((
+                            400,
+                            json!({"error": {"code": "charge_already_refunded", "message": "already refunded"}}),
+                        ));
+                    }
+                    *refunded = true;
+                    (new_id(state, "re"), Value::Null)
+                } else {
+                    let id = new_id(state, "ch");
+                    state.charges.insert(id.clone(), false);
+                    (id, Value::Null)
+                }
+            }
+            "mail.send" => (new_id(state, "msg"), Value::Null),
+            "warehouse.reship" => (new_id(state, "ship"), Value::Null),
+            "crm.lookup" => {
+                return Ok(json!({"id": "", "customer": args["customer"].clone(), "orders": 2}))
+            }
+            other => return Err((404, json!({"message": format!("no operation {other}")}))),
+        };
+        state.effects.push(Effect {
+            operation: operation.into(),
+            key: key.into(),
+            args: args.clone(),
+            id: id.clone(),
+        });
+        Ok(if body.is_null() {
+            json!({"id": id})
+        } else {
+            body
+        })
+    }
+}
+
+#[async_trait]
+impl Connector for World {
+    async fn execute(&self, operation: &str, key: &str, args: &Value) -> CallReport {
+        let mut state = self.lock();
+        let fault = state
+            .faults
+            .get_mut(operation)
+            .and_then(VecDeque::pop_front);
+        match fault {
+            Some(Fault::TimeoutWithoutEffect) => return CallReport::TimedOut,
+            Some(Fault::Refused) => {
+                return CallReport::NotSent {
+                    reason: "connection refused".into(),
+                }
+            }
+            Some(Fault::Status(status)) => {
+                return CallReport::Answered {
+                    status,
+                    body: Some(json!({"message": "refused by the model world"})),
+                    idempotency_conflict: false,
+                }
+            }
+            _ => {}
+        }
+        let applied = Self::apply(&mut state, operation, key, args);
+        match (fault, applied) {
+            (Some(Fault::EffectThen504), _) => CallReport::Answered {
+                status: 504,
+                body: None,
+                idempotency_conflict: false,
+            },
+            (Some(Fault::EffectThenReset), _) => CallReport::ResetAfterSend,
+            (Some(Fault::EffectThenBlank), _) => CallReport::Answered {
+                status: 200,
+                body: None,
+                idempotency_conflict: false,
+            },
+            (_, Ok(body)) => CallReport::Answered {
+                status: 200,
+                body: Some(body),
+                idempotency_conflict: false,
+            },
+            (_, Err((status, body))) => CallReport::Answered {
+                status,
+                body: Some(body),
+                idempotency_conflict: false,
+            },
+        }
+    }
+
+    async fn lookup(
+        &self,
+        operation: &str,
+        key: &str,
+        _args: &Value,
+    ) -> Result<Lookup, LookupError> {
+        if !self.has_lookup(operation) {
+            return Err(LookupError::Unsupported);
+        }
+        let mut state = self.lock();
+        if state.lookup_down {
+            return Err(LookupError::Unavailable("search is down".into()));
+        }
+        if let Some(lag) = state.lookup_lag.get_mut(operation) {
+            if *lag > 0 {
+                *lag -= 1;
+                return Ok(Lookup::NotFound);
+            }
+        }
+        Ok(match Self::find(&state, operation, key) {
+            Some(effect) => Lookup::FoundSucceeded {
+                external_ref: effect.id.clone(),
+                result: json!({"id": effect.id}),
+            },
+            None => Lookup::NotFound,
+        })
+    }
+
+    fn has_lookup(&self, operation: &str) -> bool {
+        operation != "mail.send"
+    }
+
+    fn external_ref(&self, _operation: &str, body: &Value) -> Option<String> {
+        body.get("id").and_then(Value::as_str).map(str::to_owned)
+    }
+}
+
+/// The tools the engine tests register, over the model world.
+pub const TOOLS: &str = r#"
+[[tool]]
+name = "crm.lookup"
+class = "pure"
+connector = "crm.lookup"
+
+[[tool]]
+name = "create_ticket"
+class = "compensatable"
+connector = "tickets.create"
+settle_ms = 0
+compensation = { tool = "close_ticket", args = { ticket_key = "{key}" } }
+
+[[tool]]
+name = "close_ticket"
+class = "compensatable"
+connector = "tickets.close"
+settle_ms = 0
+compensation = { tool = "create_ticket", args = { summary = "reopened" } }
+
+[[tool]]
+name = "charge_card"
+class = "compensatable"
+connector = "payments.charge"
+audience = "finance"
+audience_when = [{ arg = "receipt", equals = true, audience = "customer" }]
+settle_ms = 0
+compensation = { tool = "refund", args = { charge_key = "{key}", amount = "{args.amount}" } }
+
+[[tool]]
+name = "email_customer"
+class = "irreversible"
+connector = "mail.send"
+audience = "customer"
+correction = { template = "Please disregard our last message.", recipients = ["{args.to}"] }
+
+[[tool]]
+name = "announce"
+class = "irreversible"
+connector = "mail.send"
+audience = "public"
+gated = true
+correction = { template = "Correction to our announcement.", recipients = ["all-customers"] }
+
+[[tool]]
+name = "reship"
+class = "compensatable"
+connector = "warehouse.reship"
+settle_ms = 0
+compensation = { tool = "cancel_shipment", args = { shipment_key = "{key}" } }
+"#;

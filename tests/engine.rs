@@ -1,0 +1,759 @@
+//! The engine against the in-process model world: every check of what
+//! happened is made in the world, not in the log. Each test runs on SQLite
+//! and, when configured, on PostgreSQL.
+
+mod common;
+
+use async_trait::async_trait;
+use common::world::{Fault, World, TOOLS};
+use saga_harness::saga::connector::{CallReport, Connector, Lookup, LookupError};
+use saga_harness::saga::engine::{Engine, OutcomeKind};
+use saga_harness::saga::model::{Actor, NewRun, NewStep, Run};
+use saga_harness::saga::registry::Registry;
+use saga_harness::saga::status::{ApprovalStatus, RunStatus, StepStatus};
+use saga_harness::saga::store::SagaStore;
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+
+const AGENT: &str = "support-bot";
+
+struct Setup {
+    store: Arc<dyn SagaStore>,
+    world: Arc<World>,
+    engine: Engine,
+}
+
+impl Setup {
+    fn new(store: Arc<dyn SagaStore>) -> Self {
+        let world = Arc::new(World::new());
+        let engine = Engine::new(store.clone(), registry(), world.clone());
+        Setup {
+            store,
+            world,
+            engine,
+        }
+    }
+
+    /// A fresh engine on the same database and world: what a restart after
+    /// a crash sees.
+    fn restarted(&self) -> Engine {
+        Engine::new(self.store.clone(), registry(), self.world.clone())
+    }
+
+    async fn run(&self) -> Run {
+        self.store
+            .create_run(NewRun {
+                agent: AGENT.into(),
+                label: None,
+                purpose: "refund a double charge".into(),
+            })
+            .await
+            .unwrap()
+            .0
+    }
+}
+
+fn registry() -> Arc<Registry> {
+    Arc::new(Registry::from_toml(TOOLS).unwrap())
+}
+
+fn lead() -> Actor {
+    Actor::User("dana".into())
+}
+
+async fn r2_pure_calls_take_no_step_and_write_nothing(s: Setup) {
+    let run = s.run().await;
+    let events_before = s.store.events(Some(run.id), 100).await.unwrap().len();
+    let out = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "crm.lookup",
+            json!({"customer": "ana"}),
+            Some(7),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.outcome, OutcomeKind::Confirmed);
+    assert_eq!(out.step, None);
+    assert_eq!(out.next_step, 0);
+    assert_eq!(out.result.unwrap()["orders"], 2);
+    assert!(s.store.steps(run.id).await.unwrap().is_empty());
+    assert_eq!(
+        s.store.events(Some(run.id), 100).await.unwrap().len(),
+        events_before
+    );
+}
+
+/// Checks, at the moment of every call, that its INTENDED row is committed.
+struct Witness {
+    world: Arc<World>,
+    store: Arc<dyn SagaStore>,
+    seen: Mutex<Vec<(String, Option<StepStatus>)>>,
+}
+
+#[async_trait]
+impl Connector for Witness {
+    async fn execute(&self, operation: &str, key: &str, args: &Value) -> CallReport {
+        let logged = self.store.step_by_key(key).await.unwrap().map(|s| s.status);
+        self.seen.lock().unwrap().push((key.to_owned(), logged));
+        self.world.execute(operation, key, args).await
+    }
+    async fn lookup(
+        &self,
+        operation: &str,
+        key: &str,
+        args: &Value,
+    ) -> Result<Lookup, LookupError> {
+        self.world.lookup(operation, key, args).await
+    }
+    fn has_lookup(&self, operation: &str) -> bool {
+        self.world.has_lookup(operation)
+    }
+    fn external_ref(&self, operation: &str, body: &Value) -> Option<String> {
+        self.world.external_ref(operation, body)
+    }
+}
+
+async fn r2_no_intended_row_no_call(s: Setup) {
+    let witness = Arc::new(Witness {
+        world: s.world.clone(),
+        store: s.store.clone(),
+        seen: Mutex::new(Vec::new()),
+    });
+    let engine = Engine::new(s.store.clone(), registry(), witness.clone());
+    let run = s.run().await;
+    engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "double charge"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    engine
+        .call(
+            AGENT,
+            run.id,
+            "charge_card",
+            json!({"amount": 1200}),
+            Some(1),
+        )
+        .await
+        .unwrap();
+    let seen = witness.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    for (key, status) in seen {
+        assert_eq!(
+            status,
+            Some(StepStatus::Intended),
+            "call with key {key} went out without its row"
+        );
+    }
+}
+
+async fn r3_a_reworded_retry_gets_the_recorded_outcome_not_a_second_effect(s: Setup) {
+    let run = s.run().await;
+    s.world.fail_next("tickets.create", Fault::EffectThen504);
+    let first = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "Customer charged twice"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.outcome, OutcomeKind::Unknown);
+    assert!(
+        first.message.contains("Do not retry with new arguments"),
+        "{}",
+        first.message
+    );
+    let retry = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "Duplicate charge for customer"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(retry.outcome, OutcomeKind::Confirmed);
+    assert_eq!(retry.key, first.key);
+    assert_eq!(
+        s.world.effects("tickets.create").len(),
+        1,
+        "exactly one ticket"
+    );
+    let logged = s.store.step(run.id, 0).await.unwrap().unwrap();
+    assert_eq!(
+        logged.args["summary"], "Customer charged twice",
+        "the logged intent wins"
+    );
+    assert_eq!(logged.external_ref, retry.external_ref);
+}
+
+async fn r4_not_executed_is_retried_under_the_same_key(s: Setup) {
+    let run = s.run().await;
+    s.world.fail_next("payments.charge", Fault::Status(429));
+    let first = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "charge_card",
+            json!({"amount": 500}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.outcome, OutcomeKind::NotExecuted);
+    assert!(s.world.effects("payments.charge").is_empty());
+    let again = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "charge_card",
+            json!({"amount": 999}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.outcome, OutcomeKind::Confirmed);
+    let charges = s.world.effects("payments.charge");
+    assert_eq!(charges.len(), 1);
+    assert_eq!(charges[0].key, first.key.unwrap());
+    assert_eq!(
+        charges[0].args["amount"], 500,
+        "re-executed with the logged arguments"
+    );
+}
+
+async fn r4_a_refusal_is_failed_and_final(s: Setup) {
+    let run = s.run().await;
+    s.world.fail_next("warehouse.reship", Fault::Status(422));
+    let out = s
+        .engine
+        .call(AGENT, run.id, "reship", json!({"sku": "A1"}), Some(0))
+        .await
+        .unwrap();
+    assert_eq!(out.outcome, OutcomeKind::Failed);
+    assert!(out.error.unwrap().contains("422"));
+    let again = s
+        .engine
+        .call(AGENT, run.id, "reship", json!({"sku": "A1"}), Some(0))
+        .await
+        .unwrap();
+    assert_eq!(again.outcome, OutcomeKind::Failed);
+    assert!(s.world.effects("warehouse.reship").is_empty());
+}
+
+async fn r6_a_call_whose_way_back_cannot_be_built_waits_for_a_person(s: Setup) {
+    let run = s.run().await;
+    let held = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "charge_card",
+            json!({"currency": "eur"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(held.outcome, OutcomeKind::AwaitingApproval);
+    assert!(
+        s.world.effects("payments.charge").is_empty(),
+        "nothing is sent while held"
+    );
+    let approvals = s.store.pending_approvals().await.unwrap();
+    assert_eq!(approvals.len(), 1);
+    assert!(
+        approvals[0].summary.contains("`amount`"),
+        "{}",
+        approvals[0].summary
+    );
+    let step = s
+        .engine
+        .decide_step(approvals[0].id, &approvals[0].digest, true, &lead())
+        .await
+        .unwrap();
+    assert_eq!(step.status, StepStatus::Confirmed);
+    assert_eq!(s.world.effects("payments.charge").len(), 1);
+    let read = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "charge_card",
+            json!({"currency": "eur"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(read.outcome, OutcomeKind::Confirmed);
+}
+
+async fn r6_the_compensation_is_written_before_the_call_and_names_the_key(s: Setup) {
+    let run = s.run().await;
+    let out = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "charge_card",
+            json!({"amount": 1200}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    let step = s.store.step(run.id, 0).await.unwrap().unwrap();
+    let way_back = step.compensation.unwrap();
+    assert_eq!(way_back["tool"], "refund");
+    assert_eq!(way_back["args"]["charge_key"], out.key.unwrap().as_str());
+    assert_eq!(way_back["args"]["amount"], 1200);
+}
+
+async fn r9_irreversible_calls_before_the_pivot_are_held_and_counted(s: Setup) {
+    let run = s.run().await;
+    let held = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "email_customer",
+            json!({"to": "ana@example.com", "body": "refund coming"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(held.outcome, OutcomeKind::AwaitingApproval);
+    assert!(s.world.effects("mail.send").is_empty());
+    let blocked = s
+        .engine
+        .call(AGENT, run.id, "create_ticket", json!({}), Some(1))
+        .await
+        .unwrap_err();
+    assert_eq!(blocked.code(), "step_unresolved");
+    let approval = s.store.pending_approvals().await.unwrap().remove(0);
+    let rejected = s
+        .engine
+        .decide_step(approval.id, &approval.digest, false, &lead())
+        .await
+        .unwrap();
+    assert_eq!(rejected.status, StepStatus::Rejected);
+    let read = s
+        .engine
+        .call(AGENT, run.id, "email_customer", json!({"to": "x"}), Some(0))
+        .await
+        .unwrap();
+    assert_eq!(read.outcome, OutcomeKind::Rejected);
+    assert_eq!(
+        s.store
+            .run(run.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .irreversible_before_pivot,
+        0
+    );
+
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "email_customer",
+            json!({"to": "ana@example.com"}),
+            Some(1),
+        )
+        .await
+        .unwrap();
+    let approval = s.store.pending_approvals().await.unwrap().remove(0);
+    let err = s
+        .engine
+        .decide_step(approval.id, "a digest of another plan", true, &lead())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("plan changed"), "{err}");
+    let sent = s
+        .engine
+        .decide_step(approval.id, &approval.digest, true, &lead())
+        .await
+        .unwrap();
+    assert_eq!(sent.status, StepStatus::Confirmed);
+    assert!(sent.approved_individually);
+    assert_eq!(s.world.effects("mail.send").len(), 1);
+    assert_eq!(
+        s.store
+            .run(run.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .irreversible_before_pivot,
+        1
+    );
+    let decided = s.store.approval(approval.id).await.unwrap().unwrap();
+    assert_eq!(decided.status, ApprovalStatus::Approved);
+    assert_eq!(decided.decided_by.as_deref(), Some("user:dana"));
+}
+
+async fn r9_gated_tools_are_refused_outside_a_pivot(s: Setup) {
+    let run = s.run().await;
+    let err = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "announce",
+            json!({"text": "we doubled your refund"}),
+            Some(0),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "gated_tool");
+    assert!(s.world.effects("mail.send").is_empty());
+    assert_eq!(s.store.run(run.id).await.unwrap().unwrap().next_step, 0);
+}
+
+async fn r7_lookup_lag_is_waited_out_once(s: Setup) {
+    let run = s.run().await;
+    s.world.fail_next("tickets.create", Fault::EffectThenBlank);
+    s.world.lag_lookups("tickets.create", 1);
+    let out = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "s"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.outcome, OutcomeKind::Unknown);
+    let read = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "s"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(read.outcome, OutcomeKind::Confirmed);
+    assert_eq!(s.world.effects("tickets.create").len(), 1);
+}
+
+async fn r7_not_found_twice_is_not_executed_and_the_retry_uses_the_key(s: Setup) {
+    let run = s.run().await;
+    s.world
+        .fail_next("tickets.create", Fault::TimeoutWithoutEffect);
+    let out = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "s"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.outcome, OutcomeKind::Unknown);
+    let read = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "s"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(read.outcome, OutcomeKind::Confirmed);
+    let tickets = s.world.effects("tickets.create");
+    assert_eq!(tickets.len(), 1);
+    assert_eq!(Some(tickets[0].key.clone()), out.key);
+    let history: Vec<_> = s
+        .store
+        .events(Some(run.id), 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.entity == "step")
+        .map(|e| e.to_status.unwrap_or_default())
+        .collect();
+    assert_eq!(
+        history,
+        [
+            "INTENDED",
+            "UNKNOWN",
+            "NOT_EXECUTED",
+            "INTENDED",
+            "CONFIRMED"
+        ]
+    );
+}
+
+async fn r7_without_a_lookup_a_person_answers(s: Setup) {
+    let run = s.run().await;
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "email_customer",
+            json!({"to": "ana@example.com"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    let approval = s.store.pending_approvals().await.unwrap().remove(0);
+    s.world.fail_next("mail.send", Fault::EffectThen504);
+    let step = s
+        .engine
+        .decide_step(approval.id, &approval.digest, true, &lead())
+        .await
+        .unwrap();
+    assert_eq!(step.status, StepStatus::Unknown);
+    let read = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "email_customer",
+            json!({"to": "ana@example.com"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(read.outcome, OutcomeKind::Unknown);
+    assert_eq!(
+        s.world.effects("mail.send").len(),
+        1,
+        "never a second letter"
+    );
+    let waiting = s.store.run(run.id).await.unwrap().unwrap();
+    assert_eq!(waiting.status, RunStatus::NeedsAttention);
+    assert_eq!(waiting.resume_to, Some(RunStatus::Running));
+    let answered = s
+        .engine
+        .answer(run.id, 0, true, Some("<msg-1@mail>".into()), &lead())
+        .await
+        .unwrap();
+    assert_eq!(answered.status, StepStatus::Confirmed);
+    assert_eq!(answered.external_ref.as_deref(), Some("<msg-1@mail>"));
+    assert_eq!(
+        s.store.run(run.id).await.unwrap().unwrap().status,
+        RunStatus::Running
+    );
+    let trail = s.store.events(Some(run.id), 100).await.unwrap();
+    assert!(trail
+        .iter()
+        .any(|e| e.actor == "user:dana" && e.to_status.as_deref() == Some("CONFIRMED")));
+}
+
+async fn step_rules_of_the_agent_api(s: Setup) {
+    let run = s.run().await;
+    let err = s
+        .engine
+        .call(AGENT, run.id, "create_ticket", json!({}), None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "step_required");
+    assert!(err.to_string().contains("next step is 0"), "{err}");
+    let err = s
+        .engine
+        .call(AGENT, run.id, "create_ticket", json!({}), Some(3))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "step_out_of_order");
+    s.engine
+        .call(AGENT, run.id, "create_ticket", json!({}), Some(0))
+        .await
+        .unwrap();
+    let err = s
+        .engine
+        .call(AGENT, run.id, "charge_card", json!({"amount": 1}), Some(0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "step_mismatch");
+    let err = s
+        .engine
+        .call(AGENT, run.id, "teleport", json!({}), Some(1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "unknown_tool");
+    let err = s
+        .engine
+        .call("billing-bot", run.id, "create_ticket", json!({}), Some(1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        "run_not_found",
+        "another agent's run does not exist for it"
+    );
+
+    s.world.fail_next("payments.charge", Fault::EffectThenReset);
+    s.world.lookups_down(true);
+    let out = s
+        .engine
+        .call(AGENT, run.id, "charge_card", json!({"amount": 1}), Some(1))
+        .await
+        .unwrap();
+    assert_eq!(out.outcome, OutcomeKind::Unknown);
+    let err = s
+        .engine
+        .call(AGENT, run.id, "create_ticket", json!({}), Some(2))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "step_unresolved");
+    s.world.lookups_down(false);
+    let out = s
+        .engine
+        .call(AGENT, run.id, "create_ticket", json!({}), Some(2))
+        .await
+        .unwrap();
+    assert_eq!(
+        out.outcome,
+        OutcomeKind::Confirmed,
+        "reconciled inline, then the new step ran"
+    );
+    assert_eq!(
+        s.store.step(run.id, 1).await.unwrap().unwrap().status,
+        StepStatus::Confirmed
+    );
+    assert_eq!(s.world.effects("payments.charge").len(), 1);
+}
+
+async fn r11_a_crash_before_the_outcome_commit_is_recovered_from_the_real_system(s: Setup) {
+    let run = s.run().await;
+    // The first part of the incident: a ticket whose create timed out after
+    // it was made, retried with other wording.
+    s.world.fail_next("tickets.create", Fault::EffectThen504);
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "charged twice"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "double charge"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    // The charge: the row is committed and the card charged, then the
+    // process dies before the outcome commit.
+    let key = saga_harness::saga::key::step_key(run.id, 1, "charge_card");
+    s.store
+        .record_step(
+            NewStep {
+                run_id: run.id,
+                step_idx: 1,
+                tool: "charge_card".into(),
+                tool_class: saga_harness::saga::class::ToolClass::Compensatable,
+                idempotency_key: key.clone(),
+                args: json!({"amount": 4200}),
+                status: StepStatus::Intended,
+                compensation: None,
+                audience: saga_harness::saga::class::Audience::Finance,
+                phase: saga_harness::saga::class::Phase::BeforePivot,
+            },
+            &Actor::Agent(AGENT.into()),
+        )
+        .await
+        .unwrap();
+    s.world
+        .execute("payments.charge", &key, &json!({"amount": 4200}))
+        .await;
+    // A fresh engine; the agent, resumed from the log, re-sends step 1.
+    let engine = s.restarted();
+    let out = engine
+        .call(
+            AGENT,
+            run.id,
+            "charge_card",
+            json!({"amount": 4200}),
+            Some(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.outcome, OutcomeKind::Confirmed);
+    assert_eq!(
+        s.world.effects("payments.charge").len(),
+        1,
+        "exactly one charge"
+    );
+    assert_eq!(
+        s.world.effects("tickets.create").len(),
+        1,
+        "exactly one ticket"
+    );
+    assert_eq!(s.world.open_tickets(), 1);
+}
+
+macro_rules! on_both_backends {
+    ($($name:ident),+ $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let db = crate::common::sqlite();
+                    let store = saga_harness::store::open(&db.url).await.unwrap().saga_store();
+                    super::$name(super::Setup::new(store)).await;
+                }
+            )+
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let Some(db) = crate::common::postgres().await else {
+                        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+                        return;
+                    };
+                    let store = saga_harness::store::open(&db.url).await.unwrap().saga_store();
+                    super::$name(super::Setup::new(store)).await;
+                }
+            )+
+        }
+    };
+}
+
+on_both_backends!(
+    r2_pure_calls_take_no_step_and_write_nothing,
+    r2_no_intended_row_no_call,
+    r3_a_reworded_retry_gets_the_recorded_outcome_not_a_second_effect,
+    r4_not_executed_is_retried_under_the_same_key,
+    r4_a_refusal_is_failed_and_final,
+    r6_a_call_whose_way_back_cannot_be_built_waits_for_a_person,
+    r6_the_compensation_is_written_before_the_call_and_names_the_key,
+    r9_irreversible_calls_before_the_pivot_are_held_and_counted,
+    r9_gated_tools_are_refused_outside_a_pivot,
+    r7_lookup_lag_is_waited_out_once,
+    r7_not_found_twice_is_not_executed_and_the_retry_uses_the_key,
+    r7_without_a_lookup_a_person_answers,
+    step_rules_of_the_agent_api,
+    r11_a_crash_before_the_outcome_commit_is_recovered_from_the_real_system,
+);
