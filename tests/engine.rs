@@ -9,6 +9,7 @@ use common::world::{Fault, World, TOOLS};
 use saga_harness::saga::connector::{CallReport, Connector, Lookup, LookupError};
 use saga_harness::saga::engine::{Engine, OutcomeKind};
 use saga_harness::saga::model::{Actor, NewRun, NewStep, Run};
+use saga_harness::saga::pivot::PlannedCall;
 use saga_harness::saga::registry::Registry;
 use saga_harness::saga::status::{ApprovalStatus, RunStatus, StepStatus};
 use saga_harness::saga::store::SagaStore;
@@ -713,6 +714,399 @@ async fn r11_a_crash_before_the_outcome_commit_is_recovered_from_the_real_system
     assert_eq!(s.world.open_tickets(), 1);
 }
 
+fn plan(calls: &[(&str, Value)]) -> Vec<PlannedCall> {
+    calls
+        .iter()
+        .map(|(tool, args)| PlannedCall {
+            tool: (*tool).into(),
+            args: args.clone(),
+        })
+        .collect()
+}
+
+async fn r9_the_pivot_runs_exactly_the_approved_steps_in_order(s: Setup) {
+    let run = s.run().await;
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "refund"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    let first = s
+        .engine
+        .propose_pivot(
+            AGENT,
+            run.id,
+            "charge and tell the customer",
+            plan(&[("charge_card", json!({"amount": 100}))]),
+        )
+        .await
+        .unwrap();
+    let err = s
+        .engine
+        .call(AGENT, run.id, "create_ticket", json!({}), Some(1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "run_awaiting_approval");
+    let second = s
+        .engine
+        .propose_pivot(
+            AGENT,
+            run.id,
+            "charge and tell the customer",
+            plan(&[
+                ("charge_card", json!({"amount": 4200})),
+                (
+                    "announce",
+                    json!({"to": ["a@example.com", "b@example.com"]}),
+                ),
+            ]),
+        )
+        .await
+        .unwrap();
+    assert_ne!(first.digest, second.digest);
+    assert_eq!(second.plan["commit"][1]["reach"]["recipients"], 2);
+    assert_eq!(second.plan["commit"][1]["gated"], true);
+    let err = s
+        .engine
+        .decide_pivot(second.id, &first.digest, true, &lead())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("plan changed"), "{err}");
+    assert!(s.world.effects("payments.charge").is_empty());
+    let done = s
+        .engine
+        .decide_pivot(second.id, &second.digest, true, &lead())
+        .await
+        .unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    let charges = s.world.effects("payments.charge");
+    assert_eq!(charges.len(), 1);
+    assert_eq!(
+        charges[0].args["amount"], 4200,
+        "the approved arguments, not the first plan's"
+    );
+    assert_eq!(
+        s.world.effects("mail.send").len(),
+        1,
+        "the gated tool ran as a commit step"
+    );
+    let steps = s.store.steps(run.id).await.unwrap();
+    assert_eq!(steps.len(), 3);
+    assert!(steps[1..]
+        .iter()
+        .all(|st| st.phase == saga_harness::saga::class::Phase::AfterPivot));
+    assert_eq!(
+        s.store
+            .run(run.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .irreversible_before_pivot,
+        0
+    );
+    // A replay of the approval finds it done and sends nothing more.
+    let replay = s
+        .engine
+        .decide_pivot(second.id, &second.digest, true, &lead())
+        .await
+        .unwrap();
+    assert_eq!(replay.status, RunStatus::Completed);
+    assert_eq!(s.world.effects("payments.charge").len(), 1);
+    let err = s
+        .engine
+        .call(AGENT, run.id, "create_ticket", json!({}), Some(3))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "run_past_pivot");
+}
+
+async fn r9_a_failed_commit_step_waits_for_a_person(s: Setup) {
+    let run = s.run().await;
+    s.world.fail_next("warehouse.reship", Fault::Status(422));
+    let pivot = s
+        .engine
+        .propose_pivot(
+            AGENT,
+            run.id,
+            "reship",
+            plan(&[("reship", json!({"sku": "A1"}))]),
+        )
+        .await
+        .unwrap();
+    let after = s
+        .engine
+        .decide_pivot(pivot.id, &pivot.digest, true, &lead())
+        .await
+        .unwrap();
+    assert_eq!(after.status, RunStatus::NeedsAttention);
+    assert_eq!(after.resume_to, Some(RunStatus::Committing));
+}
+
+async fn r8_reject_unwinds_the_staged_steps(s: Setup) {
+    let run = s.run().await;
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "s"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "charge_card",
+            json!({"amount": 700, "receipt": true}),
+            Some(1),
+        )
+        .await
+        .unwrap();
+    let pivot = s
+        .engine
+        .propose_pivot(
+            AGENT,
+            run.id,
+            "ship it",
+            plan(&[("reship", json!({"sku": "A1"}))]),
+        )
+        .await
+        .unwrap();
+    let after = s
+        .engine
+        .decide_pivot(pivot.id, &pivot.digest, false, &lead())
+        .await
+        .unwrap();
+    assert_eq!(after.status, RunStatus::Unwound);
+    assert_eq!(s.world.effects("tickets.close").len(), 1);
+    assert_eq!(s.world.effects("payments.refund").len(), 1);
+    assert_eq!(s.world.open_tickets(), 0);
+    assert!(s.world.effects("warehouse.reship").is_empty());
+    // The charge's receipt reached the customer: its refund gets a letter,
+    // queued for a person; the internal ticket gets none.
+    let corrections = s.store.corrections(run.id).await.unwrap();
+    assert_eq!(corrections.len(), 1);
+    assert_eq!(corrections[0].step_idx, 1);
+    assert_eq!(
+        corrections[0].audience,
+        saga_harness::saga::class::Audience::Customer
+    );
+    assert!(
+        s.world.effects("mail.send").is_empty(),
+        "an unwind never sends on its own"
+    );
+}
+
+async fn r8_compensations_run_internal_first_then_newest_first(s: Setup) {
+    use saga_harness::saga::class::Audience;
+    let run = s.run().await;
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "charge_card",
+            json!({"amount": 1, "receipt": true}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    s.engine
+        .call(AGENT, run.id, "create_ticket", json!({}), Some(1))
+        .await
+        .unwrap();
+    s.engine
+        .call(AGENT, run.id, "charge_card", json!({"amount": 2}), Some(2))
+        .await
+        .unwrap();
+    s.engine
+        .call(AGENT, run.id, "create_ticket", json!({}), Some(3))
+        .await
+        .unwrap();
+    let steps = s.store.steps(run.id).await.unwrap();
+    assert_eq!(steps[0].audience, Audience::Customer);
+    assert_eq!(Engine::compensation_order(&steps), vec![3, 1, 2, 0]);
+    s.engine
+        .unwind(run.id, &Actor::Agent(AGENT.into()), "wrong customer")
+        .await
+        .unwrap();
+    let done: Vec<i64> = s
+        .store
+        .compensations(run.id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.step_idx)
+        .collect();
+    assert_eq!(done, vec![3, 1, 2, 0]);
+}
+
+async fn r8_an_unwind_that_dies_halfway_resumes_without_doubling(s: Setup) {
+    let run = s.run().await;
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "charge_card",
+            json!({"amount": 900}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    s.engine
+        .call(AGENT, run.id, "create_ticket", json!({}), Some(1))
+        .await
+        .unwrap();
+    // The refund's intent is written and sent, then the process dies.
+    s.world
+        .fail_next("tickets.close", Fault::TimeoutWithoutEffect);
+    s.store
+        .move_run(
+            run.id,
+            RunStatus::Running,
+            RunStatus::Unwinding,
+            &lead(),
+            Some("test"),
+        )
+        .await
+        .unwrap();
+    let key = saga_harness::saga::key::compensation_key(run.id, 0, "charge_card");
+    let charge_key = saga_harness::saga::key::step_key(run.id, 0, "charge_card");
+    s.store
+        .record_compensation(
+            saga_harness::saga::model::NewCompensation {
+                run_id: run.id,
+                step_idx: 0,
+                tool: "refund".into(),
+                idempotency_key: key.clone(),
+                args: json!({"charge_key": charge_key, "amount": 900}),
+            },
+            &Actor::System,
+        )
+        .await
+        .unwrap();
+    s.world
+        .execute("payments.refund", &key, &json!({"charge_key": charge_key}))
+        .await;
+    let after = s.restarted().continue_unwind(run.id).await.unwrap();
+    assert_eq!(after.status, RunStatus::Unwound);
+    assert_eq!(
+        s.world.effects("payments.refund").len(),
+        1,
+        "refunded exactly once"
+    );
+    assert_eq!(s.world.effects("tickets.close").len(), 1);
+}
+
+async fn the_seed_incident(s: Setup) {
+    let run = s.run().await;
+    // create_ticket: the ticket is made, the gateway answers 504.
+    s.world.fail_next("tickets.create", Fault::EffectThen504);
+    let out = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "Customer charged twice"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.outcome, OutcomeKind::Unknown);
+    // The agent retries at the same step with other words.
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "Double charge, please refund"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    // The card is charged, and the engine dies before the outcome commit.
+    let key = saga_harness::saga::key::step_key(run.id, 1, "charge_card");
+    let args = json!({"amount": 4999, "receipt": false});
+    s.store
+        .record_step(
+            NewStep {
+                run_id: run.id,
+                step_idx: 1,
+                tool: "charge_card".into(),
+                tool_class: saga_harness::saga::class::ToolClass::Compensatable,
+                idempotency_key: key.clone(),
+                args: args.clone(),
+                status: StepStatus::Intended,
+                compensation: registry()
+                    .get("charge_card")
+                    .unwrap()
+                    .way_back(&key, &args)
+                    .unwrap(),
+                audience: saga_harness::saga::class::Audience::Finance,
+                phase: saga_harness::saga::class::Phase::BeforePivot,
+            },
+            &Actor::Agent(AGENT.into()),
+        )
+        .await
+        .unwrap();
+    s.world.execute("payments.charge", &key, &args).await;
+    // A fresh engine; the agent re-sends the charge for that step.
+    let engine = s.restarted();
+    let charged = engine
+        .call(AGENT, run.id, "charge_card", args.clone(), Some(1))
+        .await
+        .unwrap();
+    assert_eq!(charged.outcome, OutcomeKind::Confirmed);
+    // The warehouse rejects the reship.
+    s.world.fail_next("warehouse.reship", Fault::Status(422));
+    let reship = engine
+        .call(AGENT, run.id, "reship", json!({"sku": "A1"}), Some(2))
+        .await
+        .unwrap();
+    assert_eq!(reship.outcome, OutcomeKind::Failed);
+    let after = engine
+        .unwind(run.id, &Actor::Agent(AGENT.into()), "reship rejected")
+        .await
+        .unwrap();
+    assert_eq!(after.status, RunStatus::Unwound);
+    // Checked in the world, not in the log.
+    assert_eq!(
+        s.world.effects("tickets.create").len(),
+        1,
+        "exactly one ticket"
+    );
+    assert_eq!(s.world.effects("tickets.close").len(), 1, "closed once");
+    assert_eq!(
+        s.world.effects("payments.charge").len(),
+        1,
+        "exactly one charge"
+    );
+    assert_eq!(s.world.effects("payments.refund").len(), 1, "refunded once");
+    assert!(
+        s.world.effects("mail.send").is_empty(),
+        "no customer email: receipts were off"
+    );
+    assert!(
+        s.world.effects("warehouse.cancel").is_empty(),
+        "nothing undone that never happened"
+    );
+    assert_eq!(s.world.open_tickets(), 0);
+    let corrections = s.store.corrections(run.id).await.unwrap();
+    assert!(
+        corrections
+            .iter()
+            .all(|c| c.audience != saga_harness::saga::class::Audience::Customer),
+        "no customer letter for a refund the customer never saw: {corrections:?}"
+    );
+}
+
 macro_rules! on_both_backends {
     ($($name:ident),+ $(,)?) => {
         mod sqlite {
@@ -756,4 +1150,10 @@ on_both_backends!(
     r7_without_a_lookup_a_person_answers,
     step_rules_of_the_agent_api,
     r11_a_crash_before_the_outcome_commit_is_recovered_from_the_real_system,
+    r9_the_pivot_runs_exactly_the_approved_steps_in_order,
+    r9_a_failed_commit_step_waits_for_a_person,
+    r8_reject_unwinds_the_staged_steps,
+    r8_compensations_run_internal_first_then_newest_first,
+    r8_an_unwind_that_dies_halfway_resumes_without_doubling,
+    the_seed_incident,
 );

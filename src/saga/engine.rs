@@ -77,6 +77,8 @@ pub enum Refusal {
     RunClosed { status: RunStatus },
     #[error("{0} runs only as a commit step of an approved pivot")]
     GatedTool(String),
+    #[error("the pivot plan is refused: {0}")]
+    InvalidPlan(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -94,6 +96,7 @@ impl Refusal {
             Refusal::RunPastPivot => "run_past_pivot",
             Refusal::RunClosed { .. } => "run_closed",
             Refusal::GatedTool(_) => "gated_tool",
+            Refusal::InvalidPlan(_) => "invalid_plan",
             Refusal::Store(_) => "internal",
         }
     }
@@ -126,14 +129,31 @@ impl Engine {
         &self.store
     }
 
-    fn run_lock(&self, run_id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+    pub(crate) fn connector(&self) -> &Arc<dyn Connector> {
+        &self.connector
+    }
+
+    pub(crate) fn has_lookup(&self, tool: &str) -> Result<bool, Refusal> {
+        Ok(self.connector.has_lookup(&self.spec(tool)?.connector))
+    }
+
+    /// The run, if it exists and belongs to this agent (others get 404).
+    pub(crate) async fn agents_run(&self, agent: &str, run_id: Uuid) -> Result<Run, Refusal> {
+        self.store
+            .run(run_id)
+            .await?
+            .filter(|r| r.agent == agent)
+            .ok_or(Refusal::RunNotFound)
+    }
+
+    pub(crate) fn run_lock(&self, run_id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
         // A poisoned map only means another call panicked; the map is still
         // a valid set of locks.
         let mut locks = self.run_locks.lock().unwrap_or_else(|p| p.into_inner());
         locks.entry(run_id).or_default().clone()
     }
 
-    fn spec(&self, tool: &str) -> Result<&ToolSpec, Refusal> {
+    pub(crate) fn spec(&self, tool: &str) -> Result<&ToolSpec, Refusal> {
         self.registry
             .get(tool)
             .ok_or_else(|| Refusal::UnknownTool(tool.to_owned()))
@@ -304,7 +324,7 @@ impl Engine {
 
     /// Refuses a new step while an earlier one is unsettled, after trying
     /// to settle it here.
-    async fn ensure_earlier_steps_settled(&self, run_id: Uuid) -> Result<(), Refusal> {
+    pub(crate) async fn ensure_earlier_steps_settled(&self, run_id: Uuid) -> Result<(), Refusal> {
         for step in self.store.steps(run_id).await? {
             if step.status.is_settled() {
                 continue;
@@ -323,7 +343,7 @@ impl Engine {
     /// Brings an existing step as far as it can go without a person:
     /// reconciles INTENDED / UNKNOWN, re-executes NOT_EXECUTED under the
     /// same key (R7, §5).
-    async fn settle_existing(&self, step: Step) -> Result<Step, Refusal> {
+    pub(crate) async fn settle_existing(&self, step: Step) -> Result<Step, Refusal> {
         match step.status {
             StepStatus::Intended | StepStatus::Unknown => {
                 let reconciled = self.reconcile(step).await?;
@@ -354,7 +374,7 @@ impl Engine {
 
     /// Sends an INTENDED step and records what came back (R4). The outcome
     /// commit may be lazy when reconcile could recover it (§9).
-    async fn execute_logged(&self, step: Step, actor: &Actor) -> Result<Step, Refusal> {
+    pub(crate) async fn execute_logged(&self, step: Step, actor: &Actor) -> Result<Step, Refusal> {
         let spec = self.spec(&step.tool)?;
         let operation = &spec.connector;
         let report = self
@@ -674,7 +694,7 @@ impl Engine {
 }
 
 /// The status move a classified call makes from `from`.
-fn outcome_from(from: StepStatus, classified: Classified) -> Outcome {
+pub(crate) fn outcome_from(from: StepStatus, classified: Classified) -> Outcome {
     match classified {
         Classified::Confirmed {
             external_ref,

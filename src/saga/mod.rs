@@ -14,6 +14,10 @@ pub mod key;
 #[cfg(feature = "ssr")]
 pub mod model;
 #[cfg(feature = "ssr")]
+pub mod pivot;
+#[cfg(feature = "ssr")]
 pub mod registry;
 #[cfg(feature = "ssr")]
 pub mod store;
+#[cfg(feature = "ssr")]
+pub mod unwind;

@@ -102,30 +102,46 @@ impl ToolSpec {
                 ))
             }
             ToolClass::Irreversible => {
-                let Some(correction) = &self.correction else {
-                    return Err(format!("{} declares no correction", self.name));
-                };
-                let recipients = correction
-                    .recipients
-                    .iter()
-                    .map(|r| fill(&serde_json::Value::String(r.clone()), key, args))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if recipients
-                    .iter()
-                    .any(|r| r.as_str().is_some_and(|s| s.trim().is_empty()) || r.is_null())
-                {
-                    return Err("the correction has no recipient for these arguments".into());
-                }
-                let template = fill(
-                    &serde_json::Value::String(correction.template.clone()),
-                    key,
-                    args,
-                )?;
+                let (template, recipients) = self.correction_for(key, args)?;
                 Ok(Some(
                     json!({"kind": "correction", "template": template, "recipients": recipients}),
                 ))
             }
         }
+    }
+
+    /// The declared correction, filled for this call: its text and who
+    /// receives it. `Err` when it is missing or names nobody.
+    pub fn correction_for(
+        &self,
+        key: &str,
+        args: &serde_json::Value,
+    ) -> Result<(String, Vec<String>), String> {
+        let Some(correction) = &self.correction else {
+            return Err(format!("{} declares no correction", self.name));
+        };
+        let mut recipients = Vec::new();
+        for recipient in &correction.recipients {
+            match fill(&serde_json::Value::String(recipient.clone()), key, args)? {
+                serde_json::Value::String(one) if !one.trim().is_empty() => recipients.push(one),
+                serde_json::Value::Array(many) => {
+                    recipients.extend(many.iter().filter_map(|v| v.as_str()).map(str::to_owned))
+                }
+                _ => {}
+            }
+        }
+        if recipients.is_empty() {
+            return Err("the correction has no recipient for these arguments".into());
+        }
+        let template = match fill(
+            &serde_json::Value::String(correction.template.clone()),
+            key,
+            args,
+        )? {
+            serde_json::Value::String(text) => text,
+            other => other.to_string(),
+        };
+        Ok((template, recipients))
     }
 }
 
@@ -279,6 +295,20 @@ impl Registry {
             }
             tools.insert(spec.name.clone(), spec);
         }
+        // A way back names a tool that must itself be declared.
+        for spec in tools.values() {
+            for (field, call) in [("undo", &spec.undo), ("compensation", &spec.compensation)] {
+                if let Some(call) = call {
+                    if !tools.contains_key(&call.tool) {
+                        mistakes.push(RegistryMistake {
+                            tool: spec.name.clone(),
+                            field,
+                            problem: format!("names tool `{}`, which is not declared", call.tool),
+                        });
+                    }
+                }
+            }
+        }
         if mistakes.is_empty() {
             Ok(Registry { tools })
         } else {
@@ -370,6 +400,12 @@ mod tests {
         undo = { tool = "stripe.cancel", args = { intent_key = "{key}" } }
 
         [[tool]]
+        name = "stripe.cancel"
+        class = "compensatable"
+        connector = "stripe.cancel_payment_intent"
+        compensation = { tool = "stripe.authorize" }
+
+        [[tool]]
         name = "email.send"
         class = "irreversible"
         connector = "smtp.send"
@@ -381,7 +417,7 @@ mod tests {
     #[test]
     fn r1_a_complete_file_registers_every_tool() {
         let registry = Registry::from_toml(GOOD).unwrap();
-        assert_eq!(registry.len(), 3);
+        assert_eq!(registry.len(), 4);
         let email = registry.get("email.send").unwrap();
         assert_eq!(email.class, ToolClass::Irreversible);
         assert_eq!(email.audience, Audience::Customer);
@@ -470,6 +506,11 @@ mod tests {
             audience = "finance"
             audience_when = [{ arg = "receipt", equals = true, audience = "customer" }]
             compensation = { tool = "payments.refund", args = { charge_key = "{key}", amount = "{args.amount}" } }
+            [[tool]]
+            name = "payments.refund"
+            class = "irreversible"
+            connector = "payments.refund"
+            correction = { template = "t", recipients = ["finance@example.com"] }
             "#,
         )
         .unwrap();
@@ -497,6 +538,11 @@ mod tests {
             class = "compensatable"
             connector = "payments.charge"
             compensation = { tool = "payments.refund", args = { charge_key = "{key}", amount = "{args.amount}", note = "refund of {args.amount} cents" } }
+            [[tool]]
+            name = "payments.refund"
+            class = "irreversible"
+            connector = "payments.refund"
+            correction = { template = "t", recipients = ["finance@example.com"] }
             [[tool]]
             name = "mail"
             class = "irreversible"
@@ -539,6 +585,21 @@ mod tests {
             .unwrap();
         assert_eq!(mail["recipients"], serde_json::json!(["ana@example.com"]));
         assert_eq!(mail["template"], "Dear Ana, please disregard our message.");
+    }
+
+    #[test]
+    fn r1_a_way_back_must_name_a_declared_tool() {
+        let err = Registry::from_toml(
+            "[[tool]]\nname = \"charge\"\nclass = \"compensatable\"\nconnector = \"c\"\ncompensation = { tool = \"refund\" }\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains(
+                "tool `charge`, field `compensation`: names tool `refund`, which is not declared"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

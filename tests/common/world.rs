@@ -167,6 +167,7 @@ impl World {
             }
             "mail.send" => (new_id(state, "msg"), Value::Null),
             "warehouse.reship" => (new_id(state, "ship"), Value::Null),
+            "warehouse.cancel" => (new_id(state, "cancel"), Value::Null),
             "crm.lookup" => {
                 return Ok(json!({"id": "", "customer": args["customer"].clone(), "orders": 2}))
             }
@@ -317,6 +318,19 @@ connector = "mail.send"
 audience = "public"
 gated = true
 correction = { template = "Correction to our announcement.", recipients = ["all-customers"] }
+
+[[tool]]
+name = "refund"
+class = "irreversible"
+connector = "payments.refund"
+audience = "finance"
+correction = { template = "A refund was issued in error.", recipients = ["finance@example.com"] }
+
+[[tool]]
+name = "cancel_shipment"
+class = "irreversible"
+connector = "warehouse.cancel"
+correction = { template = "Shipment cancelled.", recipients = ["warehouse@example.com"] }
 
 [[tool]]
 name = "reship"

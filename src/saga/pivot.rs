@@ -1,0 +1,312 @@
+//! The pivot (DESIGN.md §4, R9): the agent proposes the exact commit steps,
+//! a person approves the plan they saw (by its digest), and the harness
+//! runs exactly those steps, in order, rolling forward only.
+//!
+//! The commit steps' indices are fixed by the plan itself (`first_step` is
+//! the run's next step when the plan is proposed, and a run awaiting
+//! approval takes no other call), so the approval's single commit both
+//! freezes the arguments and assigns the indices.
+
+use super::class::{Phase, ToolClass};
+use super::engine::{plan_digest, Engine, Refusal};
+use super::key::step_key;
+use super::model::*;
+use super::status::{ApprovalStatus, RunStatus, StepStatus};
+use super::store::StoreError;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+/// One call the agent wants run after approval.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlannedCall {
+    pub tool: String,
+    #[serde(default)]
+    pub args: Value,
+}
+
+/// Authorisations expire after about 7 days: a pivot left pending longer
+/// would commit against holds that are gone.
+pub const AUTHORISATION_LIFETIME: chrono::Duration = chrono::Duration::days(7);
+
+/// How many times a commit step is re-sent under its key before a person
+/// is asked.
+const COMMIT_ATTEMPTS: usize = 3;
+
+impl Engine {
+    /// Proposes (or replaces) the run's pivot.
+    pub async fn propose_pivot(
+        &self,
+        agent: &str,
+        run_id: Uuid,
+        summary: &str,
+        commit: Vec<PlannedCall>,
+    ) -> Result<Approval, Refusal> {
+        let lock = self.run_lock(run_id);
+        let _serialised = lock.lock().await;
+        let run = self.agents_run(agent, run_id).await?;
+        let run_move = match run.status {
+            RunStatus::Running => Some((RunStatus::Running, RunStatus::AwaitingApproval)),
+            RunStatus::AwaitingApproval => None,
+            RunStatus::Committing | RunStatus::Completed => return Err(Refusal::RunPastPivot),
+            status => return Err(Refusal::RunClosed { status }),
+        };
+        if summary.trim().is_empty() {
+            return Err(Refusal::InvalidPlan(
+                "the pivot needs a summary for the approver".into(),
+            ));
+        }
+        if commit.is_empty() {
+            return Err(Refusal::InvalidPlan("the commit plan is empty".into()));
+        }
+        self.ensure_earlier_steps_settled(run_id).await?;
+        let mut planned = Vec::with_capacity(commit.len());
+        for (i, call) in commit.iter().enumerate() {
+            let spec = self.spec(&call.tool)?;
+            if spec.class == ToolClass::Pure {
+                return Err(Refusal::InvalidPlan(format!(
+                    "commit step {} ({}) is pure: call it directly, it needs no approval",
+                    i + 1,
+                    call.tool
+                )));
+            }
+            let step = run.next_step + i as i64;
+            let key = step_key(run_id, step, &call.tool);
+            let way_back = spec.way_back(&key, &call.args).map_err(|reason| {
+                Refusal::InvalidPlan(format!("commit step {} ({}): {reason}", i + 1, call.tool))
+            })?;
+            planned.push(json!({
+                "step": step,
+                "tool": call.tool,
+                "args": call.args,
+                "class": spec.class,
+                "audience": spec.audience_for(&call.args),
+                "gated": spec.gated,
+                "reach": reach(&spec.connector, &call.args),
+                "way_back": way_back,
+            }));
+        }
+        let plan = json!({"first_step": run.next_step, "commit": planned});
+        let expires_at = self
+            .store()
+            .steps(run_id)
+            .await?
+            .iter()
+            .filter(|s| s.tool_class == ToolClass::Reversible && s.status == StepStatus::Confirmed)
+            .map(|s| s.created_at + AUTHORISATION_LIFETIME)
+            .min();
+        let approval = self
+            .store()
+            .request_approval(
+                NewApproval {
+                    run_id,
+                    kind: ApprovalKind::Pivot,
+                    step_idx: None,
+                    summary: summary.to_owned(),
+                    digest: plan_digest(&plan),
+                    plan,
+                    expires_at,
+                },
+                run_move,
+                &Actor::Agent(agent.to_owned()),
+            )
+            .await?;
+        Ok(approval)
+    }
+
+    /// A person's decision on a pivot. Approve commits; reject (or a pivot
+    /// past its deadline) unwinds the staged steps.
+    pub async fn decide_pivot(
+        &self,
+        approval_id: i64,
+        digest: &str,
+        approve: bool,
+        person: &Actor,
+    ) -> Result<Run, Refusal> {
+        let approval = self
+            .store()
+            .approval(approval_id)
+            .await?
+            .filter(|a| a.kind == ApprovalKind::Pivot)
+            .ok_or_else(|| StoreError::NotFound {
+                what: format!("pivot approval {approval_id}"),
+            })?;
+        let run_id = approval.run_id;
+        let expired = approval.status == ApprovalStatus::Pending
+            && approval
+                .expires_at
+                .is_some_and(|at| at <= chrono::Utc::now());
+        let (to, run_to, note) = if expired {
+            (
+                ApprovalStatus::Expired,
+                RunStatus::Rejected,
+                Some("past the authorisations' deadline".to_owned()),
+            )
+        } else if approve {
+            (ApprovalStatus::Approved, RunStatus::Committing, None)
+        } else {
+            (ApprovalStatus::Rejected, RunStatus::Rejected, None)
+        };
+        {
+            let lock = self.run_lock(run_id);
+            let _serialised = lock.lock().await;
+            self.store()
+                .decide_approval(
+                    Decision {
+                        approval_id,
+                        digest: digest.to_owned(),
+                        to,
+                        note,
+                        run_move: Some((RunStatus::AwaitingApproval, run_to)),
+                    },
+                    person,
+                )
+                .await?;
+        }
+        match run_to {
+            RunStatus::Committing => self.commit(run_id).await,
+            _ => self.unwind(run_id, person, "the pivot was rejected").await,
+        }
+    }
+
+    /// Runs the approved commit steps in order, each through the log with
+    /// its own key. Safe to call again after a crash: logged steps are
+    /// reconciled, not re-sent blindly.
+    pub async fn commit(&self, run_id: Uuid) -> Result<Run, Refusal> {
+        let lock = self.run_lock(run_id);
+        let _serialised = lock.lock().await;
+        let run = self
+            .store()
+            .run(run_id)
+            .await?
+            .ok_or(Refusal::RunNotFound)?;
+        if run.status != RunStatus::Committing {
+            return Ok(run);
+        }
+        let plan = self.pivot_plan(&run).await?;
+        for call in plan["commit"].as_array().into_iter().flatten() {
+            let idx = call["step"].as_i64().ok_or_else(|| corrupt_plan(&run))?;
+            let tool = call["tool"].as_str().ok_or_else(|| corrupt_plan(&run))?;
+            let mut step = match self.store().step(run_id, idx).await? {
+                Some(step) => step,
+                None => {
+                    let spec = self.spec(tool)?;
+                    let key = step_key(run_id, idx, tool);
+                    let logged = self
+                        .store()
+                        .record_step(
+                            NewStep {
+                                run_id,
+                                step_idx: idx,
+                                tool: tool.to_owned(),
+                                tool_class: spec.class,
+                                idempotency_key: key,
+                                args: call["args"].clone(),
+                                status: StepStatus::Intended,
+                                compensation: call
+                                    .get("way_back")
+                                    .cloned()
+                                    .filter(|v| !v.is_null()),
+                                audience: spec.audience_for(&call["args"]),
+                                phase: Phase::AfterPivot,
+                            },
+                            &Actor::System,
+                        )
+                        .await?;
+                    self.execute_logged(logged, &Actor::System).await?
+                }
+            };
+            let mut attempts = 1;
+            while !matches!(step.status, StepStatus::Confirmed | StepStatus::Compensated) {
+                let question = match step.status {
+                    StepStatus::Failed => Some(format!(
+                        "commit step {idx} ({tool}) failed: {}. The commit waits for a person",
+                        step.error.clone().unwrap_or_default()
+                    )),
+                    _ if attempts >= COMMIT_ATTEMPTS => Some(format!(
+                        "commit step {idx} ({tool}) is still {} after {attempts} attempts",
+                        step.status
+                    )),
+                    _ => None,
+                };
+                if let Some(question) = question {
+                    return self.needs_attention(run_id, &question).await;
+                }
+                attempts += 1;
+                step = self.settle_existing(step).await?;
+                if step.status == StepStatus::Unknown && !self.has_lookup(tool)? {
+                    // A person was asked; the commit resumes after the answer.
+                    return Ok(self
+                        .store()
+                        .run(run_id)
+                        .await?
+                        .ok_or(Refusal::RunNotFound)?);
+                }
+            }
+        }
+        Ok(self
+            .store()
+            .move_run(
+                run_id,
+                RunStatus::Committing,
+                RunStatus::Completed,
+                &Actor::System,
+                Some("every commit step confirmed"),
+            )
+            .await?)
+    }
+
+    /// The approved plan of the run's pivot.
+    pub(crate) async fn pivot_plan(&self, run: &Run) -> Result<Value, Refusal> {
+        let id = run.pivot_approval_id.ok_or_else(|| corrupt_plan(run))?;
+        let approval = self
+            .store()
+            .approval(id)
+            .await?
+            .ok_or_else(|| corrupt_plan(run))?;
+        Ok(approval.plan)
+    }
+
+    pub(crate) async fn needs_attention(
+        &self,
+        run_id: Uuid,
+        question: &str,
+    ) -> Result<Run, Refusal> {
+        let run = self
+            .store()
+            .run(run_id)
+            .await?
+            .ok_or(Refusal::RunNotFound)?;
+        if run.status == RunStatus::NeedsAttention {
+            return Ok(run);
+        }
+        Ok(self
+            .store()
+            .move_run(
+                run_id,
+                run.status,
+                RunStatus::NeedsAttention,
+                &Actor::System,
+                Some(question),
+            )
+            .await?)
+    }
+}
+
+/// What a commit step reaches, for the pivot panel: its channel and how
+/// many recipients its arguments name.
+fn reach(connector: &str, args: &Value) -> Value {
+    let recipients = ["to", "recipients", "emails", "channel_members"]
+        .iter()
+        .filter_map(|field| args.get(*field))
+        .map(|v| v.as_array().map_or(1, Vec::len))
+        .sum::<usize>();
+    json!({"channel": connector, "recipients": recipients})
+}
+
+fn corrupt_plan(run: &Run) -> Refusal {
+    Refusal::Store(StoreError::Corrupt(format!(
+        "run {} has no readable pivot plan",
+        run.id
+    )))
+}

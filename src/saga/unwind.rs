@@ -1,0 +1,354 @@
+//! Unwind (R8) and the corrections it queues (R10).
+//!
+//! An unwind first reconciles every unsettled row, then compensates: effects
+//! only the team could see first (silently), then those whose audience is
+//! outside the team; newest first within each group. Every compensation has
+//! its own key and intent row and goes through the same R4 table and R7
+//! reconcile as any call, so an unwind that dies halfway resumes without
+//! doubling anything. Effects that people outside the team saw get a
+//! correction queued for a person to send or dismiss; an unwind never
+//! "un-sends".
+
+use super::class::{Audience, ToolClass};
+use super::connector::{classify, Lookup, LookupError};
+use super::engine::{outcome_from, Engine, Refusal};
+use super::key::{compensation_key, correction_key};
+use super::model::*;
+use super::status::{ApprovalStatus, RunStatus, StepStatus};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// How many times a compensation is re-sent under its key before a person
+/// is asked.
+const COMPENSATION_ATTEMPTS: usize = 3;
+
+impl Engine {
+    /// Starts (or continues) unwinding a run. Agents may unwind a run
+    /// before its pivot; after it, only a person from the dashboard.
+    pub async fn unwind(&self, run_id: Uuid, actor: &Actor, reason: &str) -> Result<Run, Refusal> {
+        {
+            let lock = self.run_lock(run_id);
+            let _serialised = lock.lock().await;
+            let run = self
+                .store()
+                .run(run_id)
+                .await?
+                .ok_or(Refusal::RunNotFound)?;
+            let may_start = match run.status {
+                RunStatus::Running | RunStatus::Rejected => true,
+                RunStatus::Committing | RunStatus::Completed => matches!(actor, Actor::User(_)),
+                RunStatus::Unwinding => false,
+                RunStatus::AwaitingApproval => return Err(Refusal::RunAwaitingApproval),
+                status => return Err(Refusal::RunClosed { status }),
+            };
+            if run.status != RunStatus::Unwinding {
+                if !may_start {
+                    return Err(Refusal::RunPastPivot);
+                }
+                self.store()
+                    .move_run(
+                        run_id,
+                        run.status,
+                        RunStatus::Unwinding,
+                        actor,
+                        Some(reason),
+                    )
+                    .await?;
+            }
+        }
+        self.continue_unwind(run_id).await
+    }
+
+    /// The order compensations run in (R8): internal effects first, then
+    /// outward ones; newest first within each group.
+    pub fn compensation_order(steps: &[Step]) -> Vec<i64> {
+        let mut order: Vec<&Step> = steps.iter().collect();
+        order.sort_by_key(|s| (!s.audience.is_internal(), std::cmp::Reverse(s.step_idx)));
+        order.into_iter().map(|s| s.step_idx).collect()
+    }
+
+    /// Drives an UNWINDING run as far as it can go. Idempotent: safe after
+    /// a crash at any point.
+    pub async fn continue_unwind(&self, run_id: Uuid) -> Result<Run, Refusal> {
+        let lock = self.run_lock(run_id);
+        let _serialised = lock.lock().await;
+        let run = self
+            .store()
+            .run(run_id)
+            .await?
+            .ok_or(Refusal::RunNotFound)?;
+        if run.status != RunStatus::Unwinding {
+            return Ok(run);
+        }
+        // Held calls were never sent: they are rejected, not compensated.
+        for approval in self.store().approvals(run_id).await? {
+            if approval.status == ApprovalStatus::Pending && approval.kind == ApprovalKind::Step {
+                self.store()
+                    .decide_approval(
+                        Decision {
+                            approval_id: approval.id,
+                            digest: approval.digest.clone(),
+                            to: ApprovalStatus::Rejected,
+                            note: Some("the run was unwound".into()),
+                            run_move: None,
+                        },
+                        &Actor::System,
+                    )
+                    .await?;
+            }
+        }
+        for step in self.store().steps(run_id).await? {
+            if step.status == StepStatus::AwaitingApproval {
+                self.store()
+                    .settle_step(
+                        run_id,
+                        step.step_idx,
+                        Outcome::moving(StepStatus::AwaitingApproval, StepStatus::Rejected),
+                        Durability::Durable,
+                        &Actor::System,
+                    )
+                    .await?;
+            }
+        }
+        // Reconcile before any compensation: a ghost is never compensated,
+        // a real effect never missed.
+        for step in self.store().steps(run_id).await? {
+            if matches!(step.status, StepStatus::Intended | StepStatus::Unknown) {
+                let idx = step.step_idx;
+                let after = self.reconcile(step).await?;
+                if !after.status.is_settled() {
+                    return self
+                        .needs_attention(
+                            run_id,
+                            &format!("step {idx} is unsettled; the unwind waits for it"),
+                        )
+                        .await;
+                }
+            }
+        }
+        let steps = self.store().steps(run_id).await?;
+        let compensations = self.store().compensations(run_id).await?;
+        for idx in Self::compensation_order(&steps) {
+            let Some(step) = steps.iter().find(|s| s.step_idx == idx) else {
+                continue;
+            };
+            let undoable = matches!(
+                step.tool_class,
+                ToolClass::Reversible | ToolClass::Compensatable
+            );
+            if !undoable || step.status != StepStatus::Confirmed {
+                continue;
+            }
+            let existing = compensations.iter().find(|c| c.step_idx == idx).cloned();
+            if let Err(question) = self.compensate(step, existing).await? {
+                return self.needs_attention(run_id, &question).await;
+            }
+        }
+        self.queue_corrections(run_id).await?;
+        Ok(self
+            .store()
+            .move_run(
+                run_id,
+                RunStatus::Unwinding,
+                RunStatus::Unwound,
+                &Actor::System,
+                Some("every effect compensated"),
+            )
+            .await?)
+    }
+
+    /// Runs one compensation to CONFIRMED; `Ok(Err(question))` when a person
+    /// must decide.
+    async fn compensate(
+        &self,
+        step: &Step,
+        existing: Option<Compensation>,
+    ) -> Result<Result<(), String>, Refusal> {
+        let way_back = step.compensation.clone().unwrap_or(Value::Null);
+        let (Some(tool), Some(args)) = (way_back["tool"].as_str(), way_back.get("args")) else {
+            return Ok(Err(format!(
+                "step {} has no way back written down",
+                step.step_idx
+            )));
+        };
+        let operation = self.spec(tool)?.connector.clone();
+        // A row found on disk may have been sent before a crash: look it up
+        // before sending. A row written now certainly was not.
+        let mut unsent = existing.is_none();
+        let mut row = match existing {
+            Some(row) => row,
+            None => {
+                self.store()
+                    .record_compensation(
+                        NewCompensation {
+                            run_id: step.run_id,
+                            step_idx: step.step_idx,
+                            tool: tool.to_owned(),
+                            idempotency_key: compensation_key(
+                                step.run_id,
+                                step.step_idx,
+                                &step.tool,
+                            ),
+                            args: args.clone(),
+                        },
+                        &Actor::System,
+                    )
+                    .await?
+            }
+        };
+        let durability = if self.connector().has_lookup(&operation) {
+            Durability::Lazy
+        } else {
+            Durability::Durable
+        };
+        let mut attempts = 0;
+        loop {
+            let question = |what: String| {
+                format!("the compensation of step {} ({tool}) {what}", step.step_idx)
+            };
+            let outcome = match row.status {
+                StepStatus::Confirmed => return Ok(Ok(())),
+                StepStatus::Failed => {
+                    return Ok(Err(question(format!(
+                        "failed: {}",
+                        row.error.clone().unwrap_or_default()
+                    ))))
+                }
+                _ if attempts >= COMPENSATION_ATTEMPTS => {
+                    return Ok(Err(question(format!(
+                        "is still {} after {attempts} attempts",
+                        row.status
+                    ))))
+                }
+                StepStatus::NotExecuted => {
+                    unsent = true;
+                    Outcome::moving(StepStatus::NotExecuted, StepStatus::Intended)
+                }
+                StepStatus::Intended if unsent => {
+                    attempts += 1;
+                    unsent = false;
+                    let report = self
+                        .connector()
+                        .execute(&operation, &row.idempotency_key, &row.args)
+                        .await;
+                    let classified = classify(&report, |body| {
+                        self.connector().external_ref(&operation, body)
+                    });
+                    outcome_from(StepStatus::Intended, classified)
+                }
+                StepStatus::Intended | StepStatus::Unknown => {
+                    attempts += 1;
+                    match self
+                        .connector()
+                        .lookup(&operation, &row.idempotency_key, &row.args)
+                        .await
+                    {
+                        Ok(Lookup::FoundSucceeded {
+                            external_ref,
+                            result,
+                        }) => Outcome {
+                            from: row.status,
+                            to: StepStatus::Confirmed,
+                            external_ref: Some(external_ref),
+                            result: Some(result),
+                            error: None,
+                        },
+                        Ok(Lookup::FoundFailed { error }) => Outcome {
+                            from: row.status,
+                            to: StepStatus::Failed,
+                            external_ref: None,
+                            result: None,
+                            error: Some(error),
+                        },
+                        Ok(Lookup::NotFound) => {
+                            Outcome::moving(row.status, StepStatus::NotExecuted)
+                        }
+                        Err(LookupError::Unsupported | LookupError::Unavailable(_)) => {
+                            if row.status == StepStatus::Unknown {
+                                return Ok(Err(question(
+                                    "may have happened and cannot be looked up now".into(),
+                                )));
+                            }
+                            Outcome::moving(StepStatus::Intended, StepStatus::Unknown)
+                        }
+                    }
+                }
+                other => return Ok(Err(question(format!("is {other}")))),
+            };
+            row = self
+                .store()
+                .settle_compensation(
+                    step.run_id,
+                    step.step_idx,
+                    outcome,
+                    durability,
+                    &Actor::System,
+                )
+                .await?;
+        }
+    }
+
+    /// R10: a correction for every effect people outside the team saw —
+    /// an irreversible step that went out, or a compensation of an effect
+    /// whose audience saw the original. None when the audience never saw it.
+    async fn queue_corrections(&self, run_id: Uuid) -> Result<(), Refusal> {
+        for step in self.store().steps(run_id).await? {
+            if step.audience == Audience::Internal {
+                continue;
+            }
+            let source = match (step.tool_class, step.status) {
+                (ToolClass::Irreversible, StepStatus::Confirmed) => CorrectionSource::Step,
+                (ToolClass::Reversible | ToolClass::Compensatable, StepStatus::Compensated) => {
+                    CorrectionSource::Compensation
+                }
+                _ => continue,
+            };
+            let spec = self.spec(&step.tool)?;
+            let written = step.compensation.clone().unwrap_or(Value::Null);
+            let (template, recipients) = match (written["kind"].as_str(), &spec.correction) {
+                (Some("correction"), _) => (
+                    written["template"].as_str().unwrap_or_default().to_owned(),
+                    strings(&written["recipients"]),
+                ),
+                (_, Some(declared)) => spec
+                    .correction_for(&step.idempotency_key, &step.args)
+                    .unwrap_or_else(|_| (declared.template.clone(), Vec::new())),
+                (_, None) => (
+                    format!(
+                        "We have reversed {} (reference {}). No action is needed on your side.",
+                        step.tool,
+                        step.external_ref
+                            .clone()
+                            .unwrap_or_else(|| step.idempotency_key.clone())
+                    ),
+                    Vec::new(),
+                ),
+            };
+            self.store()
+                .queue_correction(
+                    NewCorrection {
+                        run_id,
+                        step_idx: step.step_idx,
+                        source,
+                        tool: step.tool.clone(),
+                        audience: step.audience,
+                        template,
+                        recipients,
+                        idempotency_key: correction_key(run_id, step.step_idx, &step.tool),
+                    },
+                    &Actor::System,
+                )
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect()
+}
