@@ -236,11 +236,7 @@ impl Engine {
                 step = self.settle_existing(step).await?;
                 if step.status == StepStatus::Unknown && !self.has_lookup(tool)? {
                     // A person was asked; the commit resumes after the answer.
-                    return Ok(self
-                        .store()
-                        .run(run_id)
-                        .await?
-                        .ok_or(Refusal::RunNotFound)?);
+                    return self.store().run(run_id).await?.ok_or(Refusal::RunNotFound);
                 }
             }
         }
