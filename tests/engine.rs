@@ -1107,6 +1107,171 @@ async fn the_seed_incident(s: Setup) {
     );
 }
 
+async fn r10_a_correction_is_signed_off_then_sent_once(s: Setup) {
+    use saga_harness::saga::status::CorrectionStatus;
+    let run = s.run().await;
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "email_customer",
+            json!({"to": "ana@example.com", "body": "refund sent"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    let approval = s.store.pending_approvals().await.unwrap().remove(0);
+    s.engine
+        .decide_step(approval.id, &approval.digest, true, &lead())
+        .await
+        .unwrap();
+    s.engine
+        .unwind(run.id, &Actor::Agent(AGENT.into()), "wrong customer")
+        .await
+        .unwrap();
+    assert_eq!(
+        s.world.effects("mail.send").len(),
+        1,
+        "the unwind sent nothing"
+    );
+    let queued = s.store.correction_queue().await.unwrap();
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].recipients, vec!["ana@example.com".to_owned()]);
+    let sent = s
+        .engine
+        .send_correction(
+            queued[0].id,
+            Some("Sorry, that refund note was not for you."),
+            &lead(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(sent.status, CorrectionStatus::Sent);
+    let mails = s.world.effects("mail.send");
+    assert_eq!(mails.len(), 2);
+    assert_eq!(
+        mails[1].args["body"],
+        "Sorry, that refund note was not for you."
+    );
+    assert_eq!(mails[1].key, queued[0].idempotency_key);
+    let again = s
+        .engine
+        .send_correction(queued[0].id, Some("another text"), &lead())
+        .await
+        .unwrap();
+    assert_eq!(again.status, CorrectionStatus::Sent);
+    assert_eq!(
+        again.message, "Sorry, that refund note was not for you.",
+        "frozen once sent"
+    );
+    assert_eq!(
+        s.world.effects("mail.send").len(),
+        2,
+        "never a second letter"
+    );
+}
+
+async fn r10_an_unknown_send_is_a_question_not_a_second_letter(s: Setup) {
+    use saga_harness::saga::status::CorrectionStatus;
+    let run = s.run().await;
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "email_customer",
+            json!({"to": "ana@example.com"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    let approval = s.store.pending_approvals().await.unwrap().remove(0);
+    s.engine
+        .decide_step(approval.id, &approval.digest, true, &lead())
+        .await
+        .unwrap();
+    s.engine
+        .unwind(run.id, &Actor::Agent(AGENT.into()), "oops")
+        .await
+        .unwrap();
+    let id = s.store.correction_queue().await.unwrap()[0].id;
+    s.world.fail_next("mail.send", Fault::EffectThen504);
+    let unknown = s.engine.send_correction(id, None, &lead()).await.unwrap();
+    assert_eq!(unknown.send_status, Some(StepStatus::Unknown));
+    assert_eq!(unknown.status, CorrectionStatus::Approved);
+    let clicked_again = s.engine.send_correction(id, None, &lead()).await.unwrap();
+    assert_eq!(clicked_again.send_status, Some(StepStatus::Unknown));
+    assert_eq!(
+        s.world.effects("mail.send").len(),
+        2,
+        "one original, one correction"
+    );
+    let answered = s.engine.answer_correction(id, true, &lead()).await.unwrap();
+    assert_eq!(answered.status, CorrectionStatus::Sent);
+}
+
+async fn r11_resume_continues_committing_and_unwinding_runs_from_the_log(s: Setup) {
+    use saga_harness::saga::model::Decision;
+    // A pivot approved just before a crash: nothing of the commit was sent.
+    let committing = s.run().await;
+    let pivot = s
+        .engine
+        .propose_pivot(
+            AGENT,
+            committing.id,
+            "charge",
+            plan(&[("charge_card", json!({"amount": 10}))]),
+        )
+        .await
+        .unwrap();
+    s.store
+        .decide_approval(
+            Decision {
+                approval_id: pivot.id,
+                digest: pivot.digest.clone(),
+                to: ApprovalStatus::Approved,
+                note: None,
+                run_move: Some((RunStatus::AwaitingApproval, RunStatus::Committing)),
+            },
+            &lead(),
+        )
+        .await
+        .unwrap();
+    // An unwind started just before a crash.
+    let unwinding = s.run().await;
+    s.engine
+        .call(AGENT, unwinding.id, "create_ticket", json!({}), Some(0))
+        .await
+        .unwrap();
+    s.store
+        .move_run(
+            unwinding.id,
+            RunStatus::Running,
+            RunStatus::Unwinding,
+            &lead(),
+            Some("wrong"),
+        )
+        .await
+        .unwrap();
+    let engine = s.restarted();
+    let report = engine.resume().await.unwrap();
+    assert_eq!((report.committed, report.unwound), (1, 1));
+    assert_eq!(
+        s.store.run(committing.id).await.unwrap().unwrap().status,
+        RunStatus::Completed
+    );
+    assert_eq!(
+        s.store.run(unwinding.id).await.unwrap().unwrap().status,
+        RunStatus::Unwound
+    );
+    assert_eq!(s.world.effects("payments.charge").len(), 1);
+    assert_eq!(s.world.effects("tickets.close").len(), 1);
+    // A second resume (another crash and restart) does nothing more.
+    let again = s.restarted().resume().await.unwrap();
+    assert_eq!((again.committed, again.unwound), (0, 0));
+    assert_eq!(s.world.effects("payments.charge").len(), 1);
+    assert_eq!(s.world.effects("tickets.close").len(), 1);
+}
+
 macro_rules! on_both_backends {
     ($($name:ident),+ $(,)?) => {
         mod sqlite {
@@ -1156,4 +1321,7 @@ on_both_backends!(
     r8_compensations_run_internal_first_then_newest_first,
     r8_an_unwind_that_dies_halfway_resumes_without_doubling,
     the_seed_incident,
+    r10_a_correction_is_signed_off_then_sent_once,
+    r10_an_unknown_send_is_a_question_not_a_second_letter,
+    r11_resume_continues_committing_and_unwinding_runs_from_the_log,
 );

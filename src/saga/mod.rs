@@ -8,6 +8,8 @@ pub mod status;
 #[cfg(feature = "ssr")]
 pub mod connector;
 #[cfg(feature = "ssr")]
+pub mod corrections;
+#[cfg(feature = "ssr")]
 pub mod engine;
 #[cfg(feature = "ssr")]
 pub mod key;
@@ -17,6 +19,8 @@ pub mod model;
 pub mod pivot;
 #[cfg(feature = "ssr")]
 pub mod registry;
+#[cfg(feature = "ssr")]
+pub mod resume;
 #[cfg(feature = "ssr")]
 pub mod store;
 #[cfg(feature = "ssr")]

@@ -24,6 +24,9 @@ pub struct CallTemplate {
 pub struct CorrectionTemplate {
     pub template: String,
     pub recipients: Vec<String>,
+    /// The connector operation that sends it (an email's correction is an
+    /// email: irreversible tools default to their own connector).
+    pub via: Option<String>,
 }
 
 /// `audience` applies when argument `arg` equals `equals`.
@@ -60,6 +63,16 @@ pub struct ToolSpec {
 }
 
 impl ToolSpec {
+    /// The connector operation that sends this tool's corrections.
+    pub fn correction_channel(&self) -> Option<&str> {
+        let correction = self.correction.as_ref()?;
+        match (&correction.via, self.class) {
+            (Some(via), _) => Some(via),
+            (None, ToolClass::Irreversible) => Some(&self.connector),
+            (None, _) => None,
+        }
+    }
+
     /// Who could see this call's effect, given its arguments: the widest of
     /// the rules that match, else the declared audience.
     pub fn audience_for(&self, args: &serde_json::Value) -> Audience {
@@ -373,6 +386,22 @@ fn spec_mistakes(spec: &ToolSpec) -> Vec<RegistryMistake> {
             );
         }
     }
+    let may_reach_outside = spec.audience != Audience::Internal
+        || spec
+            .audience_when
+            .iter()
+            .any(|rule| rule.audience != Audience::Internal);
+    let undoable = matches!(spec.class, ToolClass::Reversible | ToolClass::Compensatable);
+    match &spec.correction {
+        None if undoable && may_reach_outside => say(
+            "correction",
+            "missing; an effect people outside the team can see needs a correction (template, recipients, via) for when it is undone",
+        ),
+        Some(correction) if undoable && correction.via.is_none() => {
+            say("correction.via", "missing; name the connector operation that sends this correction")
+        }
+        _ => {}
+    }
     if spec.gated && spec.class != ToolClass::Irreversible {
         say(
             "gated",
@@ -398,6 +427,7 @@ mod tests {
         connector = "stripe.create_payment_intent"
         audience = "finance"
         undo = { tool = "stripe.cancel", args = { intent_key = "{key}" } }
+        correction = { template = "The hold on your card was released.", recipients = ["{args.email}"], via = "smtp.send" }
 
         [[tool]]
         name = "stripe.cancel"
@@ -506,6 +536,7 @@ mod tests {
             audience = "finance"
             audience_when = [{ arg = "receipt", equals = true, audience = "customer" }]
             compensation = { tool = "payments.refund", args = { charge_key = "{key}", amount = "{args.amount}" } }
+            correction = { template = "We refunded you.", recipients = ["{args.email}"], via = "smtp.send" }
             [[tool]]
             name = "payments.refund"
             class = "irreversible"

@@ -67,6 +67,8 @@ pub trait SagaStore: Send + Sync + 'static {
     async fn run(&self, id: Uuid) -> StoreResult<Option<Run>>;
     /// Newest first.
     async fn list_runs(&self, limit: i64) -> StoreResult<Vec<Run>>;
+    /// Every run in one of these statuses, oldest first (resume, sweeps).
+    async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>>;
     /// Moves a run; entering NEEDS_ATTENTION remembers where it was, and
     /// leaving it may only return there.
     async fn move_run(
@@ -163,6 +165,7 @@ pub trait SagaStore: Send + Sync + 'static {
         durability: Durability,
         actor: &Actor,
     ) -> StoreResult<Correction>;
+    async fn correction(&self, id: i64) -> StoreResult<Option<Correction>>;
     async fn corrections(&self, run_id: Uuid) -> StoreResult<Vec<Correction>>;
     /// Pending and approved-but-unsent corrections, highest blast radius
     /// first, then oldest first.

@@ -429,6 +429,22 @@ macro_rules! saga_store_sql {
                     .collect()
             }
 
+            async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>> {
+                let mut runs = Vec::new();
+                for status in statuses {
+                    let rows = sqlx::query("SELECT * FROM runs WHERE status = $1 ORDER BY created_at, id")
+                        .bind(status.as_str())
+                        .fetch_all(self.reader())
+                        .await
+                        .map_err(db)?;
+                    for row in &rows {
+                        runs.push(run_from(row)?);
+                    }
+                }
+                runs.sort_by_key(|run| run.created_at);
+                Ok(runs)
+            }
+
             async fn move_run(
                 &self,
                 id: Uuid,
@@ -1226,6 +1242,17 @@ macro_rules! saga_store_sql {
                 .await?;
                 commit(tx).await?;
                 Ok(correction)
+            }
+
+            async fn correction(&self, id: i64) -> StoreResult<Option<Correction>> {
+                sqlx::query("SELECT * FROM corrections WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(self.reader())
+                    .await
+                    .map_err(db)?
+                    .as_ref()
+                    .map(correction_from)
+                    .transpose()
             }
 
             async fn corrections(&self, run_id: Uuid) -> StoreResult<Vec<Correction>> {

@@ -1,0 +1,81 @@
+//! Resume at start-up (R11): the log, never a transcript, says what to do.
+//! Reconciles every unsettled row, finishes decisions a crash interrupted,
+//! continues COMMITTING and UNWINDING runs, and expires pivots left pending
+//! past their deadline. Running it twice is harmless.
+
+use super::engine::{Engine, Refusal};
+use super::model::*;
+use super::status::{ApprovalStatus, RunStatus, StepStatus};
+
+/// What one resume pass did, for the log and the tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResumeReport {
+    pub reconciled: usize,
+    pub committed: usize,
+    pub unwound: usize,
+    pub expired_pivots: usize,
+    /// Runs left waiting for a person.
+    pub needs_attention: usize,
+}
+
+impl Engine {
+    pub async fn resume(&self) -> Result<ResumeReport, Refusal> {
+        let mut report = ResumeReport::default();
+        let now = chrono::Utc::now();
+        for approval in self.store().pending_approvals().await? {
+            if approval.kind == ApprovalKind::Pivot
+                && approval.expires_at.is_some_and(|at| at <= now)
+            {
+                self.decide_pivot(approval.id, &approval.digest, false, &Actor::System)
+                    .await?;
+                report.expired_pivots += 1;
+            }
+        }
+        let live = [
+            RunStatus::Running,
+            RunStatus::Committing,
+            RunStatus::Unwinding,
+        ];
+        for run in self.store().runs_with_status(&live).await? {
+            for step in self.store().steps(run.id).await? {
+                match step.status {
+                    StepStatus::Intended | StepStatus::Unknown => {
+                        self.reconcile(step).await?;
+                        report.reconciled += 1;
+                    }
+                    // Approved, but the crash came before the call was sent.
+                    StepStatus::AwaitingApproval => {
+                        let approved =
+                            self.store().approvals(run.id).await?.into_iter().find(|a| {
+                                a.kind == ApprovalKind::Step
+                                    && a.step_idx == Some(step.step_idx)
+                                    && a.status == ApprovalStatus::Approved
+                            });
+                        if let Some(approval) = approved {
+                            let person =
+                                Actor::User(approval.decided_by.clone().unwrap_or_default());
+                            self.decide_step(approval.id, &approval.digest, true, &person)
+                                .await?;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let after = match self.store().run(run.id).await?.map(|r| r.status) {
+                Some(RunStatus::Committing) => {
+                    report.committed += 1;
+                    self.commit(run.id).await?
+                }
+                Some(RunStatus::Unwinding) => {
+                    report.unwound += 1;
+                    self.continue_unwind(run.id).await?
+                }
+                _ => continue,
+            };
+            if after.status == RunStatus::NeedsAttention {
+                report.needs_attention += 1;
+            }
+        }
+        Ok(report)
+    }
+}
