@@ -79,6 +79,8 @@ pub enum Refusal {
     GatedTool(String),
     #[error("the pivot plan is refused: {0}")]
     InvalidPlan(String),
+    #[error("the run still has open effects: {0}")]
+    RunHasOpenEffects(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -97,6 +99,7 @@ impl Refusal {
             Refusal::RunClosed { .. } => "run_closed",
             Refusal::GatedTool(_) => "gated_tool",
             Refusal::InvalidPlan(_) => "invalid_plan",
+            Refusal::RunHasOpenEffects(_) => "run_has_open_effects",
             Refusal::Store(_) => "internal",
         }
     }
@@ -252,12 +255,14 @@ impl Engine {
             audience: spec.audience_for(&args),
             phase: Phase::BeforePivot,
         };
-        // R2: the row is committed before anything is sent.
-        let logged = self.store.record_step(new, &actor).await?;
         if let Some(reason) = held_because {
+            // Held: the index is reserved and the exact call stored, with
+            // its approval request, in one commit; nothing is sent.
             let call = json!({"tool": tool, "args": args, "step": step});
-            self.store
-                .request_approval(
+            let (held, _) = self
+                .store
+                .record_held_step(
+                    new,
                     NewApproval {
                         run_id,
                         kind: ApprovalKind::Step,
@@ -267,14 +272,55 @@ impl Engine {
                         plan: call,
                         expires_at: None,
                     },
-                    None,
                     &actor,
                 )
                 .await?;
-            return self.outcome_of(&logged).await;
+            return self.outcome_of(&held).await;
         }
+        // R2: the row is committed before anything is sent.
+        let logged = self.store.record_step(new, &actor).await?;
         let settled = self.execute_logged(logged, &actor).await?;
         self.outcome_of(&settled).await
+    }
+
+    /// The agent says the run is done. Refused while a step is unsettled or
+    /// a staged effect (a draft, an authorisation) is still open: those
+    /// are committed through a pivot or unwound.
+    pub async fn complete(&self, agent: &str, run_id: Uuid) -> Result<Run, Refusal> {
+        let lock = self.run_lock(run_id);
+        let _serialised = lock.lock().await;
+        let run = self.agents_run(agent, run_id).await?;
+        match run.status {
+            RunStatus::Running => {}
+            RunStatus::AwaitingApproval => return Err(Refusal::RunAwaitingApproval),
+            RunStatus::Committing | RunStatus::Completed => return Err(Refusal::RunPastPivot),
+            status => return Err(Refusal::RunClosed { status }),
+        }
+        for step in self.store.steps(run_id).await? {
+            let step = self.reconcile(step).await?;
+            if !step.status.is_settled() {
+                return Err(Refusal::RunHasOpenEffects(format!(
+                    "step {} ({}) is {}",
+                    step.step_idx, step.tool, step.status
+                )));
+            }
+            if step.tool_class == ToolClass::Reversible && step.status == StepStatus::Confirmed {
+                return Err(Refusal::RunHasOpenEffects(format!(
+                    "step {} ({}) is still open: commit it through a pivot or unwind the run",
+                    step.step_idx, step.tool
+                )));
+            }
+        }
+        Ok(self
+            .store
+            .move_run(
+                run_id,
+                RunStatus::Running,
+                RunStatus::Completed,
+                &Actor::Agent(agent.to_owned()),
+                None,
+            )
+            .await?)
     }
 
     async fn call_pure(

@@ -163,9 +163,19 @@ impl Engine {
                 )
                 .await?;
         }
-        match run_to {
+        // A replayed decision finds the first one's outcome and carries on
+        // from wherever the run is.
+        let run = self
+            .store()
+            .run(run_id)
+            .await?
+            .ok_or(Refusal::RunNotFound)?;
+        match run.status {
             RunStatus::Committing => self.commit(run_id).await,
-            _ => self.unwind(run_id, person, "the pivot was rejected").await,
+            RunStatus::Rejected | RunStatus::Unwinding => {
+                self.unwind(run_id, person, "the pivot was rejected").await
+            }
+            _ => Ok(run),
         }
     }
 

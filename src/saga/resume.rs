@@ -70,6 +70,12 @@ impl Engine {
                     report.unwound += 1;
                     self.continue_unwind(run.id).await?
                 }
+                // Rejected, and the crash came before the unwind began.
+                Some(RunStatus::Rejected) => {
+                    report.unwound += 1;
+                    self.unwind(run.id, &Actor::System, "the pivot was rejected")
+                        .await?
+                }
                 _ => continue,
             };
             if after.status == RunStatus::NeedsAttention {

@@ -85,6 +85,14 @@ pub trait SagaStore: Send + Sync + 'static {
     /// Commits the intent row durably before anything is sent (R2). The
     /// index must be the run's `next_step`, which then advances.
     async fn record_step(&self, new: NewStep, actor: &Actor) -> StoreResult<Step>;
+    /// A step held for a person (AWAITING_APPROVAL) and its approval
+    /// request, in one commit: a held call always has its request.
+    async fn record_held_step(
+        &self,
+        new: NewStep,
+        approval: NewApproval,
+        actor: &Actor,
+    ) -> StoreResult<(Step, Approval)>;
     /// Moves a step to its outcome; `Durability::Lazy` lets the commit reach
     /// the disk with the next durable one (DESIGN.md §9).
     async fn settle_step(

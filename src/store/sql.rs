@@ -345,6 +345,170 @@ macro_rules! saga_store_sql {
             }
         }
 
+        /// Checks and inserts a new step at the run's next index.
+        async fn insert_step(conn: &mut DbConn, new: NewStep, actor: &Actor) -> StoreResult<Step> {
+            if new.tool_class == ToolClass::Pure {
+                return Err(StoreError::Invalid(format!(
+                    "{} is pure: pure calls are never written to the saga log (R2)",
+                    new.tool
+                )));
+            }
+            if !matches!(new.status, StepStatus::Intended | StepStatus::AwaitingApproval) {
+                return Err(StoreError::Invalid(format!(
+                    "a new step starts INTENDED or AWAITING_APPROVAL, not {}",
+                    new.status
+                )));
+            }
+            let run = lock_run(&mut *conn, new.run_id).await?;
+            if new.step_idx < run.next_step {
+                return Err(StoreError::StepExists { step_idx: new.step_idx });
+            }
+            if new.step_idx > run.next_step {
+                return Err(StoreError::StepOutOfOrder {
+                    given: new.step_idx,
+                    expected: run.next_step,
+                });
+            }
+            let now = Utc::now();
+            let row = sqlx::query(
+                "INSERT INTO saga_log (run_id, step_idx, tool, tool_class, idempotency_key, args, status,
+                    compensation, audience, phase, approved_individually, created_at, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)
+                 RETURNING *",
+            )
+            .bind(new.run_id.to_string())
+            .bind(new.step_idx)
+            .bind(&new.tool)
+            .bind(new.tool_class.as_str())
+            .bind(&new.idempotency_key)
+            .bind(Json(&new.args))
+            .bind(new.status.as_str())
+            .bind(new.compensation.as_ref().map(Json))
+            .bind(new.audience.as_str())
+            .bind(new.phase.as_str())
+            .bind(false)
+            .bind(now)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
+            let counts = new.tool_class == ToolClass::Irreversible
+                && new.phase == Phase::BeforePivot
+                && new.status == StepStatus::Intended;
+            sqlx::query(
+                "UPDATE runs SET next_step = next_step + 1,
+                    irreversible_before_pivot = irreversible_before_pivot + $1, updated_at = $2
+                 WHERE id = $3",
+            )
+            .bind(i64::from(counts))
+            .bind(now)
+            .bind(new.run_id.to_string())
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?;
+            append_event(
+                &mut *conn,
+                EventLine {
+                    run_id: Some(new.run_id),
+                    entity: "step",
+                    entity_id: Some(new.step_idx),
+                    actor,
+                    from: None,
+                    to: Some(new.status.as_str()),
+                    detail: Some(format!("{} key={}", new.tool, new.idempotency_key)),
+                    at: now,
+                },
+            )
+            .await?;
+            step_from(&row)
+        }
+
+        /// Inserts an approval request; a pivot request supersedes the run's
+        /// pending one and becomes the run's pivot.
+        async fn insert_approval(
+            conn: &mut DbConn,
+            new: NewApproval,
+            run_move: Option<(RunStatus, RunStatus)>,
+            actor: &Actor,
+        ) -> StoreResult<Approval> {
+                if new.kind == ApprovalKind::Step && new.step_idx.is_none() {
+                    return Err(StoreError::Invalid("a single-step approval names its step".into()));
+                }
+                lock_run(&mut *conn, new.run_id).await?;
+                let now = Utc::now();
+                if new.kind == ApprovalKind::Pivot {
+                    let superseded = sqlx::query(
+                        "UPDATE approvals SET status = $1 WHERE run_id = $2 AND kind = 'pivot' AND status = $3 RETURNING id",
+                    )
+                    .bind(ApprovalStatus::Superseded.as_str())
+                    .bind(new.run_id.to_string())
+                    .bind(ApprovalStatus::Pending.as_str())
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(db)?;
+                    for row in superseded {
+                        append_event(
+                            &mut *conn,
+                            EventLine {
+                                run_id: Some(new.run_id),
+                                entity: "approval",
+                                entity_id: Some(get(&row, "id")?),
+                                actor,
+                                from: Some(ApprovalStatus::Pending.as_str()),
+                                to: Some(ApprovalStatus::Superseded.as_str()),
+                                detail: Some("a new plan was proposed".into()),
+                                at: now,
+                            },
+                        )
+                        .await?;
+                    }
+                }
+                let row = sqlx::query(
+                    "INSERT INTO approvals (run_id, kind, step_idx, summary, plan, digest, status, expires_at, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                     RETURNING *",
+                )
+                .bind(new.run_id.to_string())
+                .bind(new.kind.as_str())
+                .bind(new.step_idx)
+                .bind(&new.summary)
+                .bind(Json(&new.plan))
+                .bind(&new.digest)
+                .bind(ApprovalStatus::Pending.as_str())
+                .bind(new.expires_at)
+                .bind(now)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(db)?;
+                let approval = approval_from(&row)?;
+                if new.kind == ApprovalKind::Pivot {
+                    sqlx::query("UPDATE runs SET pivot_approval_id = $1, updated_at = $2 WHERE id = $3")
+                        .bind(approval.id)
+                        .bind(now)
+                        .bind(new.run_id.to_string())
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(db)?;
+                }
+                append_event(
+                    &mut *conn,
+                    EventLine {
+                        run_id: Some(new.run_id),
+                        entity: "approval",
+                        entity_id: Some(approval.id),
+                        actor,
+                        from: None,
+                        to: Some(ApprovalStatus::Pending.as_str()),
+                        detail: Some(format!("{} approval requested", new.kind.as_str())),
+                        at: now,
+                    },
+                )
+                .await?;
+                if let Some((from, to)) = run_move {
+                    apply_run_move(&mut *conn, new.run_id, from, to, actor, Some("approval requested")).await?;
+                }
+                Ok(approval)
+        }
+
         async fn commit(tx: sqlx::Transaction<'_, $Db>) -> StoreResult<()> {
             tx.commit().await.map_err(db)
         }
@@ -461,82 +625,25 @@ macro_rules! saga_store_sql {
             }
 
             async fn record_step(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
-                if new.tool_class == ToolClass::Pure {
-                    return Err(StoreError::Invalid(format!(
-                        "{} is pure: pure calls are never written to the saga log (R2)",
-                        new.tool
-                    )));
-                }
-                if !matches!(new.status, StepStatus::Intended | StepStatus::AwaitingApproval) {
-                    return Err(StoreError::Invalid(format!(
-                        "a new step starts INTENDED or AWAITING_APPROVAL, not {}",
-                        new.status
-                    )));
-                }
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
-                let run = lock_run(&mut tx, new.run_id).await?;
-                if new.step_idx < run.next_step {
-                    return Err(StoreError::StepExists { step_idx: new.step_idx });
-                }
-                if new.step_idx > run.next_step {
-                    return Err(StoreError::StepOutOfOrder {
-                        given: new.step_idx,
-                        expected: run.next_step,
-                    });
-                }
-                let now = Utc::now();
-                let row = sqlx::query(
-                    "INSERT INTO saga_log (run_id, step_idx, tool, tool_class, idempotency_key, args, status,
-                        compensation, audience, phase, approved_individually, created_at, updated_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)
-                     RETURNING *",
-                )
-                .bind(new.run_id.to_string())
-                .bind(new.step_idx)
-                .bind(&new.tool)
-                .bind(new.tool_class.as_str())
-                .bind(&new.idempotency_key)
-                .bind(Json(&new.args))
-                .bind(new.status.as_str())
-                .bind(new.compensation.as_ref().map(Json))
-                .bind(new.audience.as_str())
-                .bind(new.phase.as_str())
-                .bind(false)
-                .bind(now)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
-                let counts = new.tool_class == ToolClass::Irreversible
-                    && new.phase == Phase::BeforePivot
-                    && new.status == StepStatus::Intended;
-                sqlx::query(
-                    "UPDATE runs SET next_step = next_step + 1,
-                        irreversible_before_pivot = irreversible_before_pivot + $1, updated_at = $2
-                     WHERE id = $3",
-                )
-                .bind(i64::from(counts))
-                .bind(now)
-                .bind(new.run_id.to_string())
-                .execute(&mut *tx)
-                .await
-                .map_err(db)?;
-                append_event(
-                    &mut tx,
-                    EventLine {
-                        run_id: Some(new.run_id),
-                        entity: "step",
-                        entity_id: Some(new.step_idx),
-                        actor,
-                        from: None,
-                        to: Some(new.status.as_str()),
-                        detail: Some(format!("{} key={}", new.tool, new.idempotency_key)),
-                        at: now,
-                    },
-                )
-                .await?;
+                let step = insert_step(&mut tx, new, actor).await?;
                 commit(tx).await?;
-                step_from(&row)
+                Ok(step)
+            }
+
+            async fn record_held_step(
+                &self,
+                new: NewStep,
+                approval: NewApproval,
+                actor: &Actor,
+            ) -> StoreResult<(Step, Approval)> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let step = insert_step(&mut tx, new, actor).await?;
+                let approval = insert_approval(&mut tx, approval, None, actor).await?;
+                commit(tx).await?;
+                Ok((step, approval))
             }
 
             async fn settle_step(
@@ -830,84 +937,9 @@ macro_rules! saga_store_sql {
                 run_move: Option<(RunStatus, RunStatus)>,
                 actor: &Actor,
             ) -> StoreResult<Approval> {
-                if new.kind == ApprovalKind::Step && new.step_idx.is_none() {
-                    return Err(StoreError::Invalid("a single-step approval names its step".into()));
-                }
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
-                lock_run(&mut tx, new.run_id).await?;
-                let now = Utc::now();
-                if new.kind == ApprovalKind::Pivot {
-                    let superseded = sqlx::query(
-                        "UPDATE approvals SET status = $1 WHERE run_id = $2 AND kind = 'pivot' AND status = $3 RETURNING id",
-                    )
-                    .bind(ApprovalStatus::Superseded.as_str())
-                    .bind(new.run_id.to_string())
-                    .bind(ApprovalStatus::Pending.as_str())
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(db)?;
-                    for row in superseded {
-                        append_event(
-                            &mut tx,
-                            EventLine {
-                                run_id: Some(new.run_id),
-                                entity: "approval",
-                                entity_id: Some(get(&row, "id")?),
-                                actor,
-                                from: Some(ApprovalStatus::Pending.as_str()),
-                                to: Some(ApprovalStatus::Superseded.as_str()),
-                                detail: Some("a new plan was proposed".into()),
-                                at: now,
-                            },
-                        )
-                        .await?;
-                    }
-                }
-                let row = sqlx::query(
-                    "INSERT INTO approvals (run_id, kind, step_idx, summary, plan, digest, status, expires_at, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-                     RETURNING *",
-                )
-                .bind(new.run_id.to_string())
-                .bind(new.kind.as_str())
-                .bind(new.step_idx)
-                .bind(&new.summary)
-                .bind(Json(&new.plan))
-                .bind(&new.digest)
-                .bind(ApprovalStatus::Pending.as_str())
-                .bind(new.expires_at)
-                .bind(now)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(db)?;
-                let approval = approval_from(&row)?;
-                if new.kind == ApprovalKind::Pivot {
-                    sqlx::query("UPDATE runs SET pivot_approval_id = $1, updated_at = $2 WHERE id = $3")
-                        .bind(approval.id)
-                        .bind(now)
-                        .bind(new.run_id.to_string())
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                }
-                append_event(
-                    &mut tx,
-                    EventLine {
-                        run_id: Some(new.run_id),
-                        entity: "approval",
-                        entity_id: Some(approval.id),
-                        actor,
-                        from: None,
-                        to: Some(ApprovalStatus::Pending.as_str()),
-                        detail: Some(format!("{} approval requested", new.kind.as_str())),
-                        at: now,
-                    },
-                )
-                .await?;
-                if let Some((from, to)) = run_move {
-                    apply_run_move(&mut tx, new.run_id, from, to, actor, Some("approval requested")).await?;
-                }
+                let approval = insert_approval(&mut tx, new, run_move, actor).await?;
                 commit(tx).await?;
                 Ok(approval)
             }

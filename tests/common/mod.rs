@@ -94,4 +94,5 @@ impl Drop for TestDb {
         }
     }
 }
+pub mod crash;
 pub mod world;

@@ -49,6 +49,8 @@ struct State {
     lookup_lag: HashMap<String, usize>,
     lookup_down: bool,
     next_id: u64,
+    /// Compensations aimed at something that never existed.
+    ghosts: usize,
 }
 
 #[derive(Default)]
@@ -84,6 +86,15 @@ impl World {
             .filter(|e| e.operation == operation)
             .cloned()
             .collect()
+    }
+
+    /// Every effect, in the order it happened.
+    pub fn all_effects(&self) -> Vec<Effect> {
+        self.lock().effects.clone()
+    }
+
+    pub fn ghosts(&self) -> usize {
+        self.lock().ghosts
     }
 
     pub fn open_tickets(&self) -> usize {
@@ -127,6 +138,7 @@ impl World {
             "tickets.close" => {
                 let target = args["ticket_key"].as_str().unwrap_or_default();
                 let Some(ticket) = Self::find(state, "tickets.create", target) else {
+                    state.ghosts += 1;
                     return Err((404, json!({"errorMessages": ["Issue does not exist"]})));
                 };
                 let closed = state.tickets.get_mut(&ticket.id).expect("ticket recorded");
@@ -148,6 +160,7 @@ impl World {
                 if operation == "payments.refund" {
                     let target = args["charge_key"].as_str().unwrap_or_default();
                     let Some(charge) = Self::find(state, "payments.charge", target) else {
+                        state.ghosts += 1;
                         return Err((404, json!({"error": {"message": "No such charge"}})));
                     };
                     let refunded = state.charges.get_mut(&charge.id).expect("charge recorded");
@@ -167,7 +180,17 @@ impl World {
             }
             "mail.send" => (new_id(state, "msg"), Value::Null),
             "warehouse.reship" => (new_id(state, "ship"), Value::Null),
-            "warehouse.cancel" => (new_id(state, "cancel"), Value::Null),
+            "warehouse.cancel" => {
+                let target = args["shipment_key"].as_str().unwrap_or_default();
+                if Self::find(state, "warehouse.reship", target).is_none() {
+                    state.ghosts += 1;
+                    return Err((404, json!({"message": "no such shipment"})));
+                }
+                if let Some(done) = Self::find(state, "warehouse.cancel", key) {
+                    return Ok(json!({"id": done.id}));
+                }
+                (new_id(state, "cancel"), Value::Null)
+            }
             "crm.lookup" => {
                 return Ok(json!({"id": "", "customer": args["customer"].clone(), "orders": 2}))
             }

@@ -1,0 +1,231 @@
+//! A crash injector: a `SagaStore` that "kills the process" at the Nth
+//! saga-log write, either just before it commits or just after. Together
+//! with the model world this covers every boundary: before an INTENDED
+//! commit, after it but before the call, after the call but before the
+//! outcome commit, and the same inside an unwind or a pivot commit.
+#![allow(dead_code)]
+
+use async_trait::async_trait;
+use saga_harness::saga::class::Role;
+use saga_harness::saga::model::*;
+use saga_harness::saga::status::{CorrectionStatus, RunStatus};
+use saga_harness::saga::store::{Backend, SagaStore, StoreError, StoreResult};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use uuid::Uuid;
+
+pub const CRASH: &str = "injected crash";
+
+pub struct CrashingStore {
+    inner: Arc<dyn SagaStore>,
+    /// Writes left before the crash; negative when disarmed.
+    countdown: AtomicI64,
+    /// Crash after the write committed (true) or before it (false).
+    after: bool,
+}
+
+impl CrashingStore {
+    pub fn new(inner: Arc<dyn SagaStore>, crash_at_write: Option<i64>, after: bool) -> Self {
+        CrashingStore {
+            inner,
+            countdown: AtomicI64::new(crash_at_write.unwrap_or(-1)),
+            after,
+        }
+    }
+
+    pub fn is_crash(err: &StoreError) -> bool {
+        matches!(err, StoreError::Database(m) if m == CRASH)
+    }
+
+    /// Runs one write, crashing around it when the countdown reaches it.
+    async fn write<T>(
+        &self,
+        op: impl std::future::Future<Output = StoreResult<T>>,
+    ) -> StoreResult<T> {
+        let crash_now = self.countdown.fetch_sub(1, Ordering::SeqCst) == 0;
+        if crash_now && !self.after {
+            return Err(StoreError::Database(CRASH.into()));
+        }
+        let result = op.await;
+        if crash_now && result.is_ok() {
+            return Err(StoreError::Database(CRASH.into()));
+        }
+        result
+    }
+}
+
+#[async_trait]
+impl SagaStore for CrashingStore {
+    fn backend(&self) -> Backend {
+        self.inner.backend()
+    }
+    async fn create_run(&self, new: NewRun) -> StoreResult<(Run, bool)> {
+        self.inner.create_run(new).await
+    }
+    async fn run(&self, id: Uuid) -> StoreResult<Option<Run>> {
+        self.inner.run(id).await
+    }
+    async fn list_runs(&self, limit: i64) -> StoreResult<Vec<Run>> {
+        self.inner.list_runs(limit).await
+    }
+    async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>> {
+        self.inner.runs_with_status(statuses).await
+    }
+    async fn move_run(
+        &self,
+        id: Uuid,
+        from: RunStatus,
+        to: RunStatus,
+        actor: &Actor,
+        detail: Option<&str>,
+    ) -> StoreResult<Run> {
+        self.write(self.inner.move_run(id, from, to, actor, detail))
+            .await
+    }
+    async fn record_step(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
+        self.write(self.inner.record_step(new, actor)).await
+    }
+    async fn record_held_step(
+        &self,
+        new: NewStep,
+        approval: NewApproval,
+        actor: &Actor,
+    ) -> StoreResult<(Step, Approval)> {
+        self.write(self.inner.record_held_step(new, approval, actor))
+            .await
+    }
+    async fn settle_step(
+        &self,
+        run_id: Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+    ) -> StoreResult<Step> {
+        self.write(
+            self.inner
+                .settle_step(run_id, step_idx, outcome, durability, actor),
+        )
+        .await
+    }
+    async fn step(&self, run_id: Uuid, step_idx: i64) -> StoreResult<Option<Step>> {
+        self.inner.step(run_id, step_idx).await
+    }
+    async fn steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
+        self.inner.steps(run_id).await
+    }
+    async fn step_by_key(&self, key: &str) -> StoreResult<Option<Step>> {
+        self.inner.step_by_key(key).await
+    }
+    async fn record_compensation(
+        &self,
+        new: NewCompensation,
+        actor: &Actor,
+    ) -> StoreResult<Compensation> {
+        self.write(self.inner.record_compensation(new, actor)).await
+    }
+    async fn settle_compensation(
+        &self,
+        run_id: Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+    ) -> StoreResult<Compensation> {
+        self.write(
+            self.inner
+                .settle_compensation(run_id, step_idx, outcome, durability, actor),
+        )
+        .await
+    }
+    async fn compensations(&self, run_id: Uuid) -> StoreResult<Vec<Compensation>> {
+        self.inner.compensations(run_id).await
+    }
+    async fn request_approval(
+        &self,
+        new: NewApproval,
+        run_move: Option<(RunStatus, RunStatus)>,
+        actor: &Actor,
+    ) -> StoreResult<Approval> {
+        self.write(self.inner.request_approval(new, run_move, actor))
+            .await
+    }
+    async fn decide_approval(&self, decision: Decision, actor: &Actor) -> StoreResult<Approval> {
+        self.write(self.inner.decide_approval(decision, actor))
+            .await
+    }
+    async fn approval(&self, id: i64) -> StoreResult<Option<Approval>> {
+        self.inner.approval(id).await
+    }
+    async fn approvals(&self, run_id: Uuid) -> StoreResult<Vec<Approval>> {
+        self.inner.approvals(run_id).await
+    }
+    async fn pending_approvals(&self) -> StoreResult<Vec<Approval>> {
+        self.inner.pending_approvals().await
+    }
+    async fn queue_correction(&self, new: NewCorrection, actor: &Actor) -> StoreResult<Correction> {
+        self.write(self.inner.queue_correction(new, actor)).await
+    }
+    async fn edit_correction(
+        &self,
+        id: i64,
+        message: &str,
+        actor: &Actor,
+    ) -> StoreResult<Correction> {
+        self.write(self.inner.edit_correction(id, message, actor))
+            .await
+    }
+    async fn move_correction(
+        &self,
+        id: i64,
+        from: CorrectionStatus,
+        to: CorrectionStatus,
+        reason: Option<&str>,
+        actor: &Actor,
+    ) -> StoreResult<Correction> {
+        self.write(self.inner.move_correction(id, from, to, reason, actor))
+            .await
+    }
+    async fn settle_correction_send(
+        &self,
+        id: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+    ) -> StoreResult<Correction> {
+        self.write(
+            self.inner
+                .settle_correction_send(id, outcome, durability, actor),
+        )
+        .await
+    }
+    async fn correction(&self, id: i64) -> StoreResult<Option<Correction>> {
+        self.inner.correction(id).await
+    }
+    async fn corrections(&self, run_id: Uuid) -> StoreResult<Vec<Correction>> {
+        self.inner.corrections(run_id).await
+    }
+    async fn correction_queue(&self) -> StoreResult<Vec<Correction>> {
+        self.inner.correction_queue().await
+    }
+    async fn events(&self, run_id: Option<Uuid>, limit: i64) -> StoreResult<Vec<Event>> {
+        self.inner.events(run_id, limit).await
+    }
+    async fn add_user(&self, username: &str, password_hash: &str, role: Role) -> StoreResult<User> {
+        self.inner.add_user(username, password_hash, role).await
+    }
+    async fn credentials(&self, username: &str) -> StoreResult<Option<Credentials>> {
+        self.inner.credentials(username).await
+    }
+    async fn add_api_token(
+        &self,
+        agent: &str,
+        token_hash: &str,
+        label: Option<&str>,
+    ) -> StoreResult<ApiToken> {
+        self.inner.add_api_token(agent, token_hash, label).await
+    }
+    async fn agent_for_token(&self, token_hash: &str) -> StoreResult<Option<String>> {
+        self.inner.agent_for_token(token_hash).await
+    }
+}
