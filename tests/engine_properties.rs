@@ -103,7 +103,7 @@ impl Case {
             violations: Mutex::new(Vec::new()),
         });
         let registry = Arc::new(Registry::from_toml(TOOLS).unwrap());
-        let crash_at = rng.gen_bool(0.75).then(|| rng.gen_range(0..30));
+        let crash_at = rng.gen_bool(0.8).then(|| rng.gen_range(0..16));
         let store = Arc::new(CrashingStore::new(
             inner.clone(),
             crash_at,
@@ -198,7 +198,8 @@ fn operation(tool: &str) -> &'static str {
     }
 }
 
-async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<(), String> {
+/// Runs one case; returns how many crashes it survived.
+async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<usize, String> {
     let mut case = Case::new(inner, seed);
     let (run, _) = case
         .inner
@@ -379,7 +380,8 @@ async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<(), String> {
             _ => {}
         }
     }
-    check_world(&case, run.id).await
+    check_world(&case, run.id).await?;
+    Ok(case.crashes)
 }
 
 /// The invariants, read from the world and compared with the log.
@@ -478,7 +480,17 @@ async fn check_world(case: &Case, run_id: Uuid) -> Result<(), String> {
     Ok(())
 }
 
-async fn property(store: Arc<dyn SagaStore>, default_cases: u64) {
+/// Where each case's run is stored.
+enum Backing {
+    /// A fresh SQLite file per case, so the cases stay independent and
+    /// start-up resume never scans earlier cases' runs.
+    SqliteFilePerCase,
+    /// One shared PostgreSQL database (a fresh one per case would cost more
+    /// than the case); each case is its own run in it.
+    Shared(Arc<dyn SagaStore>),
+}
+
+async fn property(backing: Backing, default_cases: u64) {
     let cases: u64 = std::env::var("SAGA_PROPERTY_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -490,23 +502,40 @@ async fn property(store: Arc<dyn SagaStore>, default_cases: u64) {
         Some(seed) => vec![seed],
         None => (0..cases).map(|i| 0x5a6a_0000 + i).collect(),
     };
+    // The cases test the engine, not the disk: memory-backed /dev/shm,
+    // where there is one, keeps thousands of fsyncs cheap.
+    let scratch = match std::path::Path::new("/dev/shm").is_dir() {
+        true => tempfile::tempdir_in("/dev/shm").unwrap(),
+        false => tempfile::tempdir().unwrap(),
+    };
     let started = Instant::now();
     let mut failures = Vec::new();
+    let mut backend = None;
+    let mut crashed = 0;
     for seed in &seeds {
-        let case = tokio::time::timeout(
-            std::time::Duration::from_secs(20),
-            run_case(store.clone(), *seed),
-        );
+        let store = match &backing {
+            Backing::Shared(store) => store.clone(),
+            Backing::SqliteFilePerCase => {
+                let url = format!(
+                    "sqlite://{}",
+                    scratch.path().join(format!("case-{seed}.db")).display()
+                );
+                saga_harness::store::open(&url).await.unwrap().saga_store()
+            }
+        };
+        backend = Some(store.backend());
+        let case = tokio::time::timeout(std::time::Duration::from_secs(20), run_case(store, *seed));
         match case.await {
-            Ok(Ok(())) => {}
+            Ok(Ok(crashes)) => crashed += usize::from(crashes > 0),
             Ok(Err(why)) => failures.push(format!("seed {seed}: {why}")),
             Err(_) => failures.push(format!("seed {seed}: hung for 20 s")),
         }
     }
     eprintln!(
-        "{} cases on {:?} in {:.1} s ({} failed)",
+        "{} cases on {:?} ({} with a crash and restart) in {:.1} s ({} failed)",
         seeds.len(),
-        store.backend(),
+        backend,
+        crashed,
         started.elapsed().as_secs_f64(),
         failures.len()
     );
@@ -520,15 +549,7 @@ async fn property(store: Arc<dyn SagaStore>, default_cases: u64) {
 
 #[tokio::test]
 async fn sqlite_random_plans_faults_and_crashes_hold_every_invariant() {
-    // The cases test the engine, not the disk: a file in memory-backed
-    // /dev/shm where there is one keeps thousands of fsyncs cheap.
-    let dir = match std::path::Path::new("/dev/shm").is_dir() {
-        true => tempfile::tempdir_in("/dev/shm").unwrap(),
-        false => tempfile::tempdir().unwrap(),
-    };
-    let url = format!("sqlite://{}", dir.path().join("prop.db").display());
-    let store = saga_harness::store::open(&url).await.unwrap().saga_store();
-    property(store, 2000).await;
+    property(Backing::SqliteFilePerCase, 2000).await;
 }
 
 #[tokio::test]
@@ -541,5 +562,5 @@ async fn postgres_random_plans_faults_and_crashes_hold_every_invariant() {
         .await
         .unwrap()
         .saga_store();
-    property(store, 300).await;
+    property(Backing::Shared(store), 300).await;
 }
