@@ -4,9 +4,8 @@
 
 mod common;
 
-use async_trait::async_trait;
-use common::world::{Fault, World, TOOLS};
-use saga_harness::saga::connector::{CallReport, Connector, Lookup, LookupError};
+use common::world::{Fault, Witness, World, TOOLS};
+use saga_harness::saga::connector::Connector;
 use saga_harness::saga::engine::{Engine, OutcomeKind};
 use saga_harness::saga::model::{Actor, NewRun, NewStep, Run};
 use saga_harness::saga::pivot::PlannedCall;
@@ -14,7 +13,7 @@ use saga_harness::saga::registry::Registry;
 use saga_harness::saga::status::{ApprovalStatus, RunStatus, StepStatus};
 use saga_harness::saga::store::SagaStore;
 use serde_json::{json, Value};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 const AGENT: &str = "support-bot";
 
@@ -87,42 +86,8 @@ async fn r2_pure_calls_take_no_step_and_write_nothing(s: Setup) {
     );
 }
 
-/// Checks, at the moment of every call, that its INTENDED row is committed.
-struct Witness {
-    world: Arc<World>,
-    store: Arc<dyn SagaStore>,
-    seen: Mutex<Vec<(String, Option<StepStatus>)>>,
-}
-
-#[async_trait]
-impl Connector for Witness {
-    async fn execute(&self, operation: &str, key: &str, args: &Value) -> CallReport {
-        let logged = self.store.step_by_key(key).await.unwrap().map(|s| s.status);
-        self.seen.lock().unwrap().push((key.to_owned(), logged));
-        self.world.execute(operation, key, args).await
-    }
-    async fn lookup(
-        &self,
-        operation: &str,
-        key: &str,
-        args: &Value,
-    ) -> Result<Lookup, LookupError> {
-        self.world.lookup(operation, key, args).await
-    }
-    fn has_lookup(&self, operation: &str) -> bool {
-        self.world.has_lookup(operation)
-    }
-    fn external_ref(&self, operation: &str, body: &Value) -> Option<String> {
-        self.world.external_ref(operation, body)
-    }
-}
-
 async fn r2_no_intended_row_no_call(s: Setup) {
-    let witness = Arc::new(Witness {
-        world: s.world.clone(),
-        store: s.store.clone(),
-        seen: Mutex::new(Vec::new()),
-    });
+    let witness = Arc::new(Witness::new(s.world.clone(), s.store.clone()));
     let engine = Engine::new(s.store.clone(), registry(), witness.clone());
     let run = s.run().await;
     engine
@@ -145,15 +110,8 @@ async fn r2_no_intended_row_no_call(s: Setup) {
         )
         .await
         .unwrap();
-    let seen = witness.seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 2);
-    for (key, status) in seen {
-        assert_eq!(
-            status,
-            Some(StepStatus::Intended),
-            "call with key {key} went out without its row"
-        );
-    }
+    assert_eq!(*witness.calls.lock().unwrap(), 2);
+    assert_eq!(*witness.violations.lock().unwrap(), Vec::<String>::new());
 }
 
 async fn r3_a_reworded_retry_gets_the_recorded_outcome_not_a_second_effect(s: Setup) {
@@ -1107,8 +1065,9 @@ async fn the_seed_incident(s: Setup) {
     );
 }
 
-async fn r10_a_correction_is_signed_off_then_sent_once(s: Setup) {
-    use saga_harness::saga::status::CorrectionStatus;
+/// An email approved before the pivot and sent, then the run unwound: the
+/// correction it leaves behind.
+async fn sent_email_then_unwound(s: &Setup) -> (Run, i64) {
     let run = s.run().await;
     s.engine
         .call(
@@ -1136,11 +1095,18 @@ async fn r10_a_correction_is_signed_off_then_sent_once(s: Setup) {
     );
     let queued = s.store.correction_queue().await.unwrap();
     assert_eq!(queued.len(), 1);
-    assert_eq!(queued[0].recipients, vec!["ana@example.com".to_owned()]);
+    (run, queued[0].id)
+}
+
+async fn r10_a_correction_is_signed_off_then_sent_once(s: Setup) {
+    use saga_harness::saga::status::CorrectionStatus;
+    let (_, id) = sent_email_then_unwound(&s).await;
+    let queued = s.store.correction(id).await.unwrap().unwrap();
+    assert_eq!(queued.recipients, vec!["ana@example.com".to_owned()]);
     let sent = s
         .engine
         .send_correction(
-            queued[0].id,
+            id,
             Some("Sorry, that refund note was not for you."),
             &lead(),
         )
@@ -1153,10 +1119,10 @@ async fn r10_a_correction_is_signed_off_then_sent_once(s: Setup) {
         mails[1].args["body"],
         "Sorry, that refund note was not for you."
     );
-    assert_eq!(mails[1].key, queued[0].idempotency_key);
+    assert_eq!(mails[1].key, queued.idempotency_key);
     let again = s
         .engine
-        .send_correction(queued[0].id, Some("another text"), &lead())
+        .send_correction(id, Some("another text"), &lead())
         .await
         .unwrap();
     assert_eq!(again.status, CorrectionStatus::Sent);
@@ -1173,27 +1139,7 @@ async fn r10_a_correction_is_signed_off_then_sent_once(s: Setup) {
 
 async fn r10_an_unknown_send_is_a_question_not_a_second_letter(s: Setup) {
     use saga_harness::saga::status::CorrectionStatus;
-    let run = s.run().await;
-    s.engine
-        .call(
-            AGENT,
-            run.id,
-            "email_customer",
-            json!({"to": "ana@example.com"}),
-            Some(0),
-        )
-        .await
-        .unwrap();
-    let approval = s.store.pending_approvals().await.unwrap().remove(0);
-    s.engine
-        .decide_step(approval.id, &approval.digest, true, &lead())
-        .await
-        .unwrap();
-    s.engine
-        .unwind(run.id, &Actor::Agent(AGENT.into()), "oops")
-        .await
-        .unwrap();
-    let id = s.store.correction_queue().await.unwrap()[0].id;
+    let (_, id) = sent_email_then_unwound(&s).await;
     s.world.fail_next("mail.send", Fault::EffectThen504);
     let unknown = s.engine.send_correction(id, None, &lead()).await.unwrap();
     assert_eq!(unknown.send_status, Some(StepStatus::Unknown));
@@ -1272,35 +1218,13 @@ async fn r11_resume_continues_committing_and_unwinding_runs_from_the_log(s: Setu
     assert_eq!(s.world.effects("tickets.close").len(), 1);
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),+ $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let db = crate::common::sqlite();
-                    let store = saga_harness::store::open(&db.url).await.unwrap().saga_store();
-                    super::$name(super::Setup::new(store)).await;
-                }
-            )+
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let Some(db) = crate::common::postgres().await else {
-                        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
-                        return;
-                    };
-                    let store = saga_harness::store::open(&db.url).await.unwrap().saga_store();
-                    super::$name(super::Setup::new(store)).await;
-                }
-            )+
-        }
-    };
+/// The engine under test, over a fresh world.
+fn setup(store: Arc<dyn SagaStore>) -> Setup {
+    Setup::new(store)
 }
 
-on_both_backends!(
+common::on_both_backends!(
+    setup;
     r2_pure_calls_take_no_step_and_write_nothing,
     r2_no_intended_row_no_call,
     r3_a_reworded_retry_gets_the_recorded_outcome_not_a_second_effect,

@@ -11,13 +11,11 @@
 
 mod common;
 
-use async_trait::async_trait;
 use common::crash::CrashingStore;
-use common::world::{Fault, World, TOOLS};
+use common::world::{Fault, Witness, World, TOOLS};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use saga_harness::saga::class::Phase;
-use saga_harness::saga::connector::{CallReport, Connector, Lookup, LookupError};
 use saga_harness::saga::engine::{Engine, OutcomeKind, Refusal};
 use saga_harness::saga::model::{Actor, NewRun};
 use saga_harness::saga::pivot::PlannedCall;
@@ -26,61 +24,11 @@ use saga_harness::saga::status::{RunStatus, StepStatus};
 use saga_harness::saga::store::SagaStore;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 use uuid::Uuid;
 
 const AGENT: &str = "prop-bot";
-
-/// Records, at the moment of every call, whether its intent row was
-/// already committed (R2), then lets the world act.
-struct Witness {
-    world: Arc<World>,
-    store: Arc<dyn SagaStore>,
-    run: Mutex<Option<Uuid>>,
-    violations: Mutex<Vec<String>>,
-}
-
-impl Witness {
-    async fn intent_committed(&self, key: &str) -> bool {
-        if let Ok(Some(step)) = self.store.step_by_key(key).await {
-            return step.status == StepStatus::Intended;
-        }
-        let Some(run) = *self.run.lock().unwrap() else {
-            return false;
-        };
-        let compensations = self.store.compensations(run).await.unwrap_or_default();
-        compensations
-            .iter()
-            .any(|c| c.idempotency_key == key && c.status == StepStatus::Intended)
-    }
-}
-
-#[async_trait]
-impl Connector for Witness {
-    async fn execute(&self, operation: &str, key: &str, args: &Value) -> CallReport {
-        if operation != "crm.lookup" && !self.intent_committed(key).await {
-            self.violations.lock().unwrap().push(format!(
-                "{operation} with key {key} ran without a committed INTENDED row"
-            ));
-        }
-        self.world.execute(operation, key, args).await
-    }
-    async fn lookup(
-        &self,
-        operation: &str,
-        key: &str,
-        args: &Value,
-    ) -> Result<Lookup, LookupError> {
-        self.world.lookup(operation, key, args).await
-    }
-    fn has_lookup(&self, operation: &str) -> bool {
-        self.world.has_lookup(operation)
-    }
-    fn external_ref(&self, operation: &str, body: &Value) -> Option<String> {
-        self.world.external_ref(operation, body)
-    }
-}
 
 struct Case {
     rng: StdRng,
@@ -96,12 +44,7 @@ impl Case {
     fn new(inner: Arc<dyn SagaStore>, seed: u64) -> Case {
         let mut rng = StdRng::seed_from_u64(seed);
         let world = Arc::new(World::new());
-        let witness = Arc::new(Witness {
-            world: world.clone(),
-            store: inner.clone(),
-            run: Mutex::new(None),
-            violations: Mutex::new(Vec::new()),
-        });
+        let witness = Arc::new(Witness::new(world.clone(), inner.clone()));
         let registry = Arc::new(Registry::from_toml(TOOLS).unwrap());
         let crash_at = rng.gen_bool(0.8).then(|| rng.gen_range(0..16));
         let store = Arc::new(CrashingStore::new(

@@ -990,35 +990,13 @@ async fn users_and_tokens(store: Store) {
     assert!(store.agent_for_token("abc124").await.unwrap().is_none());
 }
 
-macro_rules! contract {
-    ($($name:ident),+ $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let db = crate::common::sqlite();
-                    let store = saga_harness::store::open(&db.url).await.unwrap().saga_store();
-                    super::$name(store).await;
-                }
-            )+
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let Some(db) = crate::common::postgres().await else {
-                        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
-                        return;
-                    };
-                    let store = saga_harness::store::open(&db.url).await.unwrap().saga_store();
-                    super::$name(store).await;
-                }
-            )+
-        }
-    };
+/// The contract tests take the store as it is.
+fn contract_store(store: Store) -> Store {
+    store
 }
 
-contract!(
+common::on_both_backends!(
+    contract_store;
     runs_are_created_once_per_agent_label,
     r3_steps_take_the_next_index_in_order,
     r2_pure_calls_are_never_logged,

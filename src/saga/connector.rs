@@ -5,6 +5,8 @@
 //! verdict: the classification lives in one table here ([`classify`]), so
 //! every connector is judged by the same rules.
 
+use super::model::Outcome;
+use super::status::StepStatus;
 use async_trait::async_trait;
 use serde_json::Value;
 
@@ -125,6 +127,33 @@ pub fn classify(report: &CallReport, expected: impl Fn(&Value) -> Option<String>
         CallReport::NotSent { reason } => Classified::NotExecuted {
             reason: format!("the request never left: {reason}"),
         },
+    }
+}
+
+/// The move a classified call makes from `from` (usually INTENDED).
+pub fn outcome_of_call(from: StepStatus, classified: Classified) -> Outcome {
+    match classified {
+        Classified::Confirmed {
+            external_ref,
+            result,
+        } => Outcome::confirmed(from, external_ref, result),
+        Classified::Failed { error } => Outcome::because(from, StepStatus::Failed, error),
+        Classified::Unknown { reason } => Outcome::because(from, StepStatus::Unknown, reason),
+        Classified::NotExecuted { reason } => {
+            Outcome::because(from, StepStatus::NotExecuted, reason)
+        }
+    }
+}
+
+/// The move a lookup's answer makes from `from` (R7).
+pub fn outcome_of_lookup(from: StepStatus, found: Lookup) -> Outcome {
+    match found {
+        Lookup::FoundSucceeded {
+            external_ref,
+            result,
+        } => Outcome::confirmed(from, external_ref, result),
+        Lookup::FoundFailed { error } => Outcome::because(from, StepStatus::Failed, error),
+        Lookup::NotFound => Outcome::moving(from, StepStatus::NotExecuted),
     }
 }
 

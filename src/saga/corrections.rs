@@ -3,8 +3,8 @@
 //! `correct:` key; an unknown send becomes a "did this happen?" question,
 //! never a second letter.
 
-use super::connector::{classify, Lookup, LookupError};
-use super::engine::{outcome_from, Engine, Refusal};
+use super::connector::{classify, outcome_of_call, outcome_of_lookup, LookupError};
+use super::engine::{Engine, Refusal};
 use super::model::*;
 use super::status::{CorrectionStatus, StepStatus};
 use super::store::StoreError;
@@ -77,7 +77,7 @@ impl Engine {
                 self.store()
                     .settle_correction_send(
                         id,
-                        outcome_from(StepStatus::Intended, classified),
+                        outcome_of_call(StepStatus::Intended, classified),
                         Durability::Durable,
                         person,
                     )
@@ -89,47 +89,12 @@ impl Engine {
                     .lookup(&channel, &correction.idempotency_key, &args)
                     .await
                 {
-                    Ok(Lookup::FoundSucceeded {
-                        external_ref,
-                        result,
-                    }) => {
+                    // Not found: nothing went out, and a person may send it again.
+                    Ok(found) => {
                         self.store()
                             .settle_correction_send(
                                 id,
-                                Outcome {
-                                    from: status,
-                                    to: StepStatus::Confirmed,
-                                    external_ref: Some(external_ref),
-                                    result: Some(result),
-                                    error: None,
-                                },
-                                Durability::Durable,
-                                person,
-                            )
-                            .await?
-                    }
-                    Ok(Lookup::NotFound) => {
-                        // Nothing went out: a person may send it again.
-                        self.store()
-                            .settle_correction_send(
-                                id,
-                                Outcome::moving(status, StepStatus::NotExecuted),
-                                Durability::Durable,
-                                person,
-                            )
-                            .await?
-                    }
-                    Ok(Lookup::FoundFailed { error }) => {
-                        self.store()
-                            .settle_correction_send(
-                                id,
-                                Outcome {
-                                    from: status,
-                                    to: StepStatus::Failed,
-                                    external_ref: None,
-                                    result: None,
-                                    error: Some(error),
-                                },
+                                outcome_of_lookup(status, found),
                                 Durability::Durable,
                                 person,
                             )

@@ -8,7 +8,9 @@
 //! under the same key and logged arguments if nothing happened.
 
 use super::class::{Phase, ToolClass};
-use super::connector::{classify, Classified, Connector, Lookup, LookupError};
+use super::connector::{
+    classify, outcome_of_call, outcome_of_lookup, Classified, Connector, Lookup, LookupError,
+};
 use super::key::step_key;
 use super::model::*;
 use super::registry::{Registry, ToolSpec};
@@ -433,7 +435,7 @@ impl Engine {
         } else {
             Durability::Durable
         };
-        let outcome = outcome_from(StepStatus::Intended, classified);
+        let outcome = outcome_of_call(StepStatus::Intended, classified);
         let settled = self
             .store
             .settle_step(step.run_id, step.step_idx, outcome, durability, actor)
@@ -471,24 +473,7 @@ impl Engine {
             }
         };
         let outcome = match found {
-            Ok(Lookup::FoundSucceeded {
-                external_ref,
-                result,
-            }) => Outcome {
-                from: step.status,
-                to: StepStatus::Confirmed,
-                external_ref: Some(external_ref),
-                result: Some(result),
-                error: None,
-            },
-            Ok(Lookup::FoundFailed { error }) => Outcome {
-                from: step.status,
-                to: StepStatus::Failed,
-                external_ref: None,
-                result: None,
-                error: Some(error),
-            },
-            Ok(Lookup::NotFound) => Outcome::moving(step.status, StepStatus::NotExecuted),
+            Ok(found) => outcome_of_lookup(step.status, found),
             Err(LookupError::Unsupported) => {
                 let step = self
                     .mark_unknown(step, "no lookup: a person must say whether it happened")
@@ -518,13 +503,7 @@ impl Engine {
         if step.status == StepStatus::Unknown {
             return Ok(step);
         }
-        let outcome = Outcome {
-            from: step.status,
-            to: StepStatus::Unknown,
-            external_ref: None,
-            result: None,
-            error: Some(why.to_owned()),
-        };
+        let outcome = Outcome::because(step.status, StepStatus::Unknown, why);
         Ok(self
             .store
             .settle_step(
@@ -585,11 +564,8 @@ impl Engine {
             StepStatus::NotExecuted
         };
         let outcome = Outcome {
-            from: StepStatus::Unknown,
-            to,
             external_ref,
-            result: None,
-            error: None,
+            ..Outcome::moving(StepStatus::Unknown, to)
         };
         let step = self
             .store
@@ -736,43 +712,6 @@ impl Engine {
             message,
             next_step,
         })
-    }
-}
-
-/// The status move a classified call makes from `from`.
-pub(crate) fn outcome_from(from: StepStatus, classified: Classified) -> Outcome {
-    match classified {
-        Classified::Confirmed {
-            external_ref,
-            result,
-        } => Outcome {
-            from,
-            to: StepStatus::Confirmed,
-            external_ref: Some(external_ref),
-            result: Some(result),
-            error: None,
-        },
-        Classified::Failed { error } => Outcome {
-            from,
-            to: StepStatus::Failed,
-            external_ref: None,
-            result: None,
-            error: Some(error),
-        },
-        Classified::Unknown { reason } => Outcome {
-            from,
-            to: StepStatus::Unknown,
-            external_ref: None,
-            result: None,
-            error: Some(reason),
-        },
-        Classified::NotExecuted { reason } => Outcome {
-            from,
-            to: StepStatus::NotExecuted,
-            external_ref: None,
-            result: None,
-            error: Some(reason),
-        },
     }
 }
 

@@ -129,6 +129,23 @@ impl Outcome {
             error: None,
         }
     }
+
+    /// To CONFIRMED, with what the real system called the effect.
+    pub fn confirmed(from: StepStatus, external_ref: String, result: Value) -> Self {
+        Outcome {
+            external_ref: Some(external_ref),
+            result: Some(result),
+            ..Outcome::moving(from, StepStatus::Confirmed)
+        }
+    }
+
+    /// A move that records why.
+    pub fn because(from: StepStatus, to: StepStatus, error: impl Into<String>) -> Self {
+        Outcome {
+            error: Some(error.into()),
+            ..Outcome::moving(from, to)
+        }
+    }
 }
 
 /// The intent row of a compensation or undo (R8): its own key, its own

@@ -10,8 +10,8 @@
 //! "un-sends".
 
 use super::class::{Audience, ToolClass};
-use super::connector::{classify, Lookup, LookupError};
-use super::engine::{outcome_from, Engine, Refusal};
+use super::connector::{classify, outcome_of_call, outcome_of_lookup, LookupError};
+use super::engine::{Engine, Refusal};
 use super::key::{compensation_key, correction_key};
 use super::model::*;
 use super::status::{ApprovalStatus, RunStatus, StepStatus};
@@ -234,7 +234,7 @@ impl Engine {
                     let classified = classify(&report, |body| {
                         self.connector().external_ref(&operation, body)
                     });
-                    outcome_from(StepStatus::Intended, classified)
+                    outcome_of_call(StepStatus::Intended, classified)
                 }
                 StepStatus::Intended | StepStatus::Unknown => {
                     attempts += 1;
@@ -243,26 +243,7 @@ impl Engine {
                         .lookup(&operation, &row.idempotency_key, &row.args)
                         .await
                     {
-                        Ok(Lookup::FoundSucceeded {
-                            external_ref,
-                            result,
-                        }) => Outcome {
-                            from: row.status,
-                            to: StepStatus::Confirmed,
-                            external_ref: Some(external_ref),
-                            result: Some(result),
-                            error: None,
-                        },
-                        Ok(Lookup::FoundFailed { error }) => Outcome {
-                            from: row.status,
-                            to: StepStatus::Failed,
-                            external_ref: None,
-                            result: None,
-                            error: Some(error),
-                        },
-                        Ok(Lookup::NotFound) => {
-                            Outcome::moving(row.status, StepStatus::NotExecuted)
-                        }
+                        Ok(found) => outcome_of_lookup(row.status, found),
                         Err(LookupError::Unsupported | LookupError::Unavailable(_)) => {
                             if row.status == StepStatus::Unknown {
                                 return Ok(Err(question(

@@ -96,3 +96,37 @@ impl Drop for TestDb {
 }
 pub mod crash;
 pub mod world;
+
+/// Turns each named `async fn NAME(x)` into two tests, one on a fresh
+/// SQLite file and one on a fresh PostgreSQL database, building `x` from
+/// the opened store with the function `$make`.
+#[allow(unused_macros)]
+macro_rules! on_both_backends {
+    ($make:ident; $($name:ident),+ $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let db = crate::common::sqlite();
+                    let store = saga_harness::store::open(&db.url).await.unwrap().saga_store();
+                    super::$name(super::$make(store)).await;
+                }
+            )+
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let Some(db) = crate::common::postgres().await else {
+                        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+                        return;
+                    };
+                    let store = saga_harness::store::open(&db.url).await.unwrap().saga_store();
+                    super::$name(super::$make(store)).await;
+                }
+            )+
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_both_backends;

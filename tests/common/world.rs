@@ -7,9 +7,13 @@
 
 use async_trait::async_trait;
 use saga_harness::saga::connector::{CallReport, Connector, Lookup, LookupError};
+use saga_harness::saga::status::StepStatus;
+use saga_harness::saga::store::SagaStore;
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::Mutex;
+use uuid::Uuid;
 
 /// What goes wrong on the next call of an operation.
 #[derive(Clone, Debug, PartialEq)]
@@ -294,6 +298,71 @@ impl Connector for World {
 
     fn external_ref(&self, _operation: &str, body: &Value) -> Option<String> {
         body.get("id").and_then(Value::as_str).map(str::to_owned)
+    }
+}
+
+/// Records, at the moment of every call, whether its intent row was already
+/// committed (R2: no row, no call), then lets the world act.
+pub struct Witness {
+    pub world: Arc<World>,
+    pub store: Arc<dyn SagaStore>,
+    /// The run whose compensation rows count as intent rows too.
+    pub run: Mutex<Option<Uuid>>,
+    pub calls: Mutex<usize>,
+    pub violations: Mutex<Vec<String>>,
+}
+
+impl Witness {
+    pub fn new(world: Arc<World>, store: Arc<dyn SagaStore>) -> Self {
+        Witness {
+            world,
+            store,
+            run: Mutex::new(None),
+            calls: Mutex::new(0),
+            violations: Mutex::new(Vec::new()),
+        }
+    }
+
+    async fn intent_committed(&self, key: &str) -> bool {
+        if let Ok(Some(step)) = self.store.step_by_key(key).await {
+            return step.status == StepStatus::Intended;
+        }
+        let Some(run) = *self.run.lock().unwrap() else {
+            return false;
+        };
+        let compensations = self.store.compensations(run).await.unwrap_or_default();
+        compensations
+            .iter()
+            .any(|c| c.idempotency_key == key && c.status == StepStatus::Intended)
+    }
+}
+
+#[async_trait]
+impl Connector for Witness {
+    async fn execute(&self, operation: &str, key: &str, args: &Value) -> CallReport {
+        if operation != "crm.lookup" {
+            *self.calls.lock().unwrap() += 1;
+            if !self.intent_committed(key).await {
+                self.violations.lock().unwrap().push(format!(
+                    "{operation} with key {key} ran without a committed INTENDED row"
+                ));
+            }
+        }
+        self.world.execute(operation, key, args).await
+    }
+    async fn lookup(
+        &self,
+        operation: &str,
+        key: &str,
+        args: &Value,
+    ) -> Result<Lookup, LookupError> {
+        self.world.lookup(operation, key, args).await
+    }
+    fn has_lookup(&self, operation: &str) -> bool {
+        self.world.has_lookup(operation)
+    }
+    fn external_ref(&self, operation: &str, body: &Value) -> Option<String> {
+        self.world.external_ref(operation, body)
     }
 }
 
