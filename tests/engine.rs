@@ -1218,6 +1218,127 @@ async fn r11_resume_continues_committing_and_unwinding_runs_from_the_log(s: Setu
     assert_eq!(s.world.effects("tickets.close").len(), 1);
 }
 
+async fn r5_the_key_reaches_the_system_and_the_external_id_is_kept(s: Setup) {
+    let run = s.run().await;
+    let out = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "authorize_card",
+            json!({"amount": 300}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    let key = saga_harness::saga::key::step_key(run.id, 0, "authorize_card");
+    assert_eq!(out.key.as_deref(), Some(key.as_str()));
+    let effect = s.world.effects("payments.authorize").remove(0);
+    assert_eq!(effect.key, key, "the system received the step's key");
+    let step = s.store.step(run.id, 0).await.unwrap().unwrap();
+    assert_eq!(step.external_ref.as_deref(), Some(effect.id.as_str()));
+    assert_eq!(out.external_ref.as_deref(), Some(effect.id.as_str()));
+}
+
+async fn complete_is_refused_while_an_authorisation_is_open(s: Setup) {
+    let run = s.run().await;
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "authorize_card",
+            json!({"amount": 300}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    let err = s.engine.complete(AGENT, run.id).await.unwrap_err();
+    assert_eq!(err.code(), "run_has_open_effects");
+    assert!(err.to_string().contains("authorize_card"), "{err}");
+    let unwound = s
+        .engine
+        .unwind(run.id, &Actor::Agent(AGENT.into()), "not needed")
+        .await
+        .unwrap();
+    assert_eq!(unwound.status, RunStatus::Unwound);
+    assert_eq!(
+        s.world.effects("payments.cancel").len(),
+        1,
+        "the hold was released"
+    );
+    let other = s.run().await;
+    s.engine
+        .call(AGENT, other.id, "create_ticket", json!({}), Some(0))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.engine.complete(AGENT, other.id).await.unwrap().status,
+        RunStatus::Completed
+    );
+}
+
+async fn r9_a_pivot_left_pending_past_the_authorisations_is_rejected(s: Setup) {
+    let run = s.run().await;
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "authorize_card",
+            json!({"amount": 300}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    let pivot = s
+        .engine
+        .propose_pivot(
+            AGENT,
+            run.id,
+            "capture",
+            plan(&[("charge_card", json!({"amount": 300}))]),
+        )
+        .await
+        .unwrap();
+    let deadline = pivot
+        .expires_at
+        .expect("a staged authorisation sets a deadline");
+    let staged = s.store.step(run.id, 0).await.unwrap().unwrap();
+    assert_eq!(
+        deadline,
+        staged.created_at + saga_harness::saga::pivot::AUTHORISATION_LIFETIME
+    );
+    // The same plan, as if proposed eight days ago: its deadline has passed.
+    let stale = s
+        .store
+        .request_approval(
+            saga_harness::saga::model::NewApproval {
+                run_id: run.id,
+                kind: saga_harness::saga::model::ApprovalKind::Pivot,
+                step_idx: None,
+                summary: pivot.summary.clone(),
+                plan: pivot.plan.clone(),
+                digest: pivot.digest.clone(),
+                expires_at: Some(chrono::Utc::now() - chrono::Duration::days(1)),
+            },
+            None,
+            &Actor::Agent(AGENT.into()),
+        )
+        .await
+        .unwrap();
+    let report = s.restarted().resume().await.unwrap();
+    assert_eq!(report.expired_pivots, 1);
+    assert_eq!(
+        s.store.approval(stale.id).await.unwrap().unwrap().status,
+        ApprovalStatus::Expired
+    );
+    assert_eq!(
+        s.store.run(run.id).await.unwrap().unwrap().status,
+        RunStatus::Unwound
+    );
+    assert_eq!(s.world.effects("payments.cancel").len(), 1);
+    assert!(s.world.effects("payments.charge").is_empty());
+}
+
 /// The engine under test, over a fresh world.
 fn setup(store: Arc<dyn SagaStore>) -> Setup {
     Setup::new(store)
@@ -1248,4 +1369,7 @@ common::on_both_backends!(
     r10_a_correction_is_signed_off_then_sent_once,
     r10_an_unknown_send_is_a_question_not_a_second_letter,
     r11_resume_continues_committing_and_unwinding_runs_from_the_log,
+    r5_the_key_reaches_the_system_and_the_external_id_is_kept,
+    complete_is_refused_while_an_authorisation_is_open,
+    r9_a_pivot_left_pending_past_the_authorisations_is_rejected,
 );

@@ -113,7 +113,11 @@ macro_rules! surviving_crashes {
 }
 
 fn random_call(rng: &mut StdRng) -> (&'static str, Value) {
-    match rng.gen_range(0..5) {
+    match rng.gen_range(0..6) {
+        5 => (
+            "authorize_card",
+            json!({"amount": rng.gen_range(100..10_000)}),
+        ),
         0 => (
             "create_ticket",
             json!({"summary": format!("ticket {}", rng.gen::<u16>())}),
@@ -136,6 +140,7 @@ fn operation(tool: &str) -> &'static str {
         "create_ticket" => "tickets.create",
         "charge_card" => "payments.charge",
         "reship" => "warehouse.reship",
+        "authorize_card" => "payments.authorize",
         "email_customer" | "announce" => "mail.send",
         _ => "crm.lookup",
     }
@@ -254,7 +259,12 @@ async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<usize, String>
         match proposed {
             Ok(pivot) => {
                 let approve = case.rng.gen_bool(0.6);
-                for op in ["tickets.close", "payments.refund", "warehouse.cancel"] {
+                for op in [
+                    "tickets.close",
+                    "payments.refund",
+                    "warehouse.cancel",
+                    "payments.cancel",
+                ] {
                     case.maybe_fault(op);
                 }
                 surviving_crashes!(case, |engine| engine
@@ -269,7 +279,12 @@ async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<usize, String>
     let completed = ending == 2
         && surviving_crashes!(case, |engine| engine.complete(AGENT, run.id).await).is_ok();
     if ending == 1 || gave_up || (ending == 2 && !completed) {
-        for op in ["tickets.close", "payments.refund", "warehouse.cancel"] {
+        for op in [
+            "tickets.close",
+            "payments.refund",
+            "warehouse.cancel",
+            "payments.cancel",
+        ] {
             case.maybe_fault(op);
         }
         let actor = Actor::Agent(AGENT.into());
@@ -410,6 +425,9 @@ async fn check_world(case: &Case, run_id: Uuid) -> Result<(), String> {
                 compensations_of("payments.refund", "charge_key", &step.idempotency_key)
             }
             "reship" => compensations_of("warehouse.cancel", "shipment_key", &step.idempotency_key),
+            "authorize_card" => {
+                compensations_of("payments.cancel", "intent_key", &step.idempotency_key)
+            }
             _ => continue,
         };
         let expected = usize::from(run.status == RunStatus::Unwound);

@@ -48,6 +48,8 @@ struct State {
     tickets: HashMap<String, bool>,
     /// Charge id → refunded?
     charges: HashMap<String, bool>,
+    /// Authorisation id → released?
+    holds: HashMap<String, bool>,
     faults: HashMap<String, VecDeque<Fault>>,
     /// Lookups that answer "not found" before the search index catches up.
     lookup_lag: HashMap<String, usize>,
@@ -154,6 +156,29 @@ impl World {
                 (
                     ticket.id.clone(),
                     json!({"id": ticket.id, "status": "closed"}),
+                )
+            }
+            "payments.authorize" => {
+                if let Some(existing) = Self::find(state, operation, key) {
+                    return Ok(json!({"id": existing.id, "status": "requires_capture"}));
+                }
+                let id = new_id(state, "pi");
+                state.holds.insert(id.clone(), false);
+                (id.clone(), json!({"id": id, "status": "requires_capture"}))
+            }
+            "payments.cancel" => {
+                let target = args["intent_key"].as_str().unwrap_or_default();
+                let Some(hold) = Self::find(state, "payments.authorize", target) else {
+                    state.ghosts += 1;
+                    return Err((404, json!({"error": {"message": "No such payment_intent"}})));
+                };
+                if let Some(done) = Self::find(state, operation, key) {
+                    return Ok(json!({"id": done.id, "status": "canceled"}));
+                }
+                state.holds.insert(hold.id.clone(), true);
+                (
+                    hold.id.clone(),
+                    json!({"id": hold.id, "status": "canceled"}),
                 )
             }
             "payments.charge" | "payments.refund" => {
@@ -372,6 +397,21 @@ pub const TOOLS: &str = r#"
 name = "crm.lookup"
 class = "pure"
 connector = "crm.lookup"
+
+[[tool]]
+name = "authorize_card"
+class = "reversible"
+connector = "payments.authorize"
+audience = "internal"
+settle_ms = 0
+undo = { tool = "cancel_authorization", args = { intent_key = "{key}" } }
+
+[[tool]]
+name = "cancel_authorization"
+class = "compensatable"
+connector = "payments.cancel"
+settle_ms = 0
+compensation = { tool = "authorize_card", args = {} }
 
 [[tool]]
 name = "create_ticket"
