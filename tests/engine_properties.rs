@@ -82,6 +82,7 @@ impl Case {
         }
         let mut faults = vec![
             Fault::EffectThen504,
+            Fault::EffectThenTimeout,
             Fault::EffectThenReset,
             Fault::EffectThenBlank,
             Fault::TimeoutWithoutEffect,

@@ -20,6 +20,8 @@ use uuid::Uuid;
 pub enum Fault {
     /// The effect happens, then the gateway answers 504.
     EffectThen504,
+    /// The effect happens, then no answer comes in time.
+    EffectThenTimeout,
     /// The effect happens, then the connection drops.
     EffectThenReset,
     /// The effect happens, then a proxy answers 200 with a blank page.
@@ -271,6 +273,7 @@ impl Connector for World {
                 idempotency_conflict: false,
             },
             (Some(Fault::EffectThenReset), _) => CallReport::ResetAfterSend,
+            (Some(Fault::EffectThenTimeout), _) => CallReport::TimedOut,
             (Some(Fault::EffectThenBlank), _) => CallReport::Answered {
                 status: 200,
                 body: None,
