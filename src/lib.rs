@@ -9,11 +9,15 @@ pub mod saga;
 pub mod ui;
 
 #[cfg(feature = "ssr")]
+pub mod api;
+#[cfg(feature = "ssr")]
 pub mod auth;
 #[cfg(feature = "ssr")]
 pub mod cli;
 #[cfg(feature = "ssr")]
 pub mod config;
+#[cfg(feature = "ssr")]
+pub mod connectors;
 #[cfg(feature = "ssr")]
 pub mod server;
 #[cfg(feature = "ssr")]

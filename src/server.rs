@@ -3,6 +3,8 @@
 //! until a shutdown signal. Tests build it on port 0.
 
 use crate::config::ServeArgs;
+use crate::connectors::ConnectorSet;
+use crate::saga::engine::Engine;
 use crate::saga::registry::{Registry, RegistryError};
 use crate::saga::store::{SagaStore, StoreError};
 use crate::store::{self, Opened};
@@ -30,6 +32,7 @@ pub struct AppState {
     pub leptos_options: LeptosOptions,
     pub store: Arc<dyn SagaStore>,
     pub registry: Arc<Registry>,
+    pub engine: Arc<Engine>,
 }
 
 impl FromRef<AppState> for LeptosOptions {
@@ -57,8 +60,12 @@ pub enum ServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("the tools file {path} names operations this build cannot perform:\n  - {}", .missing.join("\n  - "))]
+    NoConnector { path: PathBuf, missing: Vec<String> },
     #[error("preparing the session table: {0}")]
     Sessions(String),
+    #[error("resuming from the saga log: {0}")]
+    Resume(String),
     #[error("serving: {0}")]
     Serve(std::io::Error),
 }
@@ -70,7 +77,17 @@ pub struct Application {
 }
 
 impl Application {
+    /// Builds the server with the connectors this build ships.
     pub async fn build(args: ServeArgs) -> Result<Self, ServerError> {
+        Self::build_with(args, ConnectorSet::new()).await
+    }
+
+    /// Builds the server over the given connectors (tests pass simulated
+    /// systems here).
+    pub async fn build_with(
+        args: ServeArgs,
+        connectors: ConnectorSet,
+    ) -> Result<Self, ServerError> {
         let registry = match &args.tools {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|source| {
@@ -86,6 +103,13 @@ impl Application {
             }
             None => Registry::default(),
         };
+        let missing = connectors.missing_for(&registry);
+        if !missing.is_empty() {
+            return Err(ServerError::NoConnector {
+                path: args.tools.clone().unwrap_or_default(),
+                missing,
+            });
+        }
         let opened = store::open(&args.database.database_url)
             .await
             .map_err(|source| ServerError::Store {
@@ -99,10 +123,25 @@ impl Application {
                 source,
             })?;
         let addr = listener.local_addr().map_err(ServerError::Serve)?;
+        let store = opened.saga_store();
+        let registry = Arc::new(registry);
+        let engine = Arc::new(Engine::new(
+            store.clone(),
+            registry.clone(),
+            Arc::new(connectors),
+        ));
+        // R11: the log says what was in flight when the last process
+        // stopped; settle it before taking new calls.
+        let resumed = engine
+            .resume()
+            .await
+            .map_err(|e| ServerError::Resume(e.to_string()))?;
+        tracing::info!(?resumed, "resumed from the saga log");
         let state = AppState {
             leptos_options: leptos_options(addr),
-            store: opened.saga_store(),
-            registry: Arc::new(registry),
+            store,
+            registry,
+            engine,
         };
         let router = router(state.clone(), &opened, args.secure_cookies).await?;
         Ok(Application {
@@ -154,6 +193,7 @@ async fn router(state: AppState, opened: &Opened, secure: bool) -> Result<Router
     let routes = generate_route_list(ui::App);
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .merge(crate::api::router())
         .leptos_routes_with_context(&state, routes, || {}, {
             let options = state.leptos_options.clone();
             move || ui::shell(options.clone())

@@ -1,0 +1,349 @@
+//! The agent API under `/api/v1` (DESIGN.md §5): JSON over HTTP with bearer
+//! tokens. Tool outcomes are 200 with `outcome`; harness refusals are HTTP
+//! errors with a stable `code`; bad input says what is wrong. Handlers are
+//! thin: authenticate, parse, call the engine.
+
+use crate::auth::token_hash;
+use crate::saga::engine::{CallOutcome, Refusal};
+use crate::saga::model::{Actor, Approval, NewRun, Run, Step};
+use crate::saga::pivot::PlannedCall;
+use crate::saga::store::StoreError;
+use crate::server::AppState;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/runs", post(create_run))
+        .route("/api/v1/runs/{run}", get(read_run))
+        .route("/api/v1/runs/{run}/calls", post(call))
+        .route("/api/v1/runs/{run}/pivot", post(propose_pivot))
+        .route("/api/v1/runs/{run}/unwind", post(unwind))
+        .route("/api/v1/runs/{run}/complete", post(complete))
+        .route("/api/v1/tools", get(tools))
+}
+
+/// Every error the API returns: a status, a stable code, a message that
+/// says what to do. Internal causes are logged, never sent.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn internal(err: impl std::fmt::Display) -> Self {
+        tracing::error!(%err, "agent API request failed");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "the harness could not complete this request; the details are in its log",
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"code": self.code, "message": self.message})),
+        )
+            .into_response()
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> Self {
+        let status = match &refusal {
+            Refusal::RunNotFound => StatusCode::NOT_FOUND,
+            Refusal::UnknownTool(_) | Refusal::StepRequired { .. } | Refusal::InvalidPlan(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
+            Refusal::GatedTool(_) => StatusCode::FORBIDDEN,
+            Refusal::StepMismatch { .. }
+            | Refusal::StepOutOfOrder { .. }
+            | Refusal::StepUnresolved { .. }
+            | Refusal::RunAwaitingApproval
+            | Refusal::RunPastPivot
+            | Refusal::RunClosed { .. }
+            | Refusal::RunHasOpenEffects(_) => StatusCode::CONFLICT,
+            Refusal::Store(StoreError::NotFound { .. }) => StatusCode::NOT_FOUND,
+            Refusal::Store(StoreError::Invalid(_)) => StatusCode::UNPROCESSABLE_ENTITY,
+            Refusal::Store(_) => return ApiError::internal(refusal),
+        };
+        ApiError::new(status, refusal.code(), refusal.to_string())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        Refusal::Store(err).into()
+    }
+}
+
+/// A JSON body whose rejections (malformed, wrong types, too large) use the
+/// API's error shape.
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(request, state).await {
+            Ok(Json(value)) => Ok(Body(value)),
+            Err(rejection) => {
+                let code = match &rejection {
+                    JsonRejection::JsonSyntaxError(_) => "malformed_json",
+                    JsonRejection::JsonDataError(_) => "invalid_body",
+                    JsonRejection::MissingJsonContentType(_) => "expected_json",
+                    _ if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+                    _ => "bad_request",
+                };
+                Err(ApiError::new(
+                    rejection.status(),
+                    code,
+                    rejection.body_text(),
+                ))
+            }
+        }
+    }
+}
+
+/// The agent behind the request's bearer token.
+pub struct Agent(pub String);
+
+impl FromRequestParts<AppState> for Agent {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let unauthorized =
+            |message: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message);
+        let header = parts.headers.get(header::AUTHORIZATION).ok_or_else(|| {
+            unauthorized("send the agent's token as `Authorization: Bearer <token>`")
+        })?;
+        let token = header
+            .to_str()
+            .ok()
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
+        match state.store.agent_for_token(&token_hash(token)).await? {
+            Some(agent) => Ok(Agent(agent)),
+            None => Err(unauthorized(
+                "this token is not valid; issue one with `saga-harness token create`",
+            )),
+        }
+    }
+}
+
+fn run_id(raw: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(raw).map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_run_id",
+            format!("{raw:?} is not a run id: run ids are UUIDs, as returned by POST /api/v1/runs"),
+        )
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateRun {
+    /// The client's own name for the run: the same label twice returns the
+    /// same run. It never enters a key.
+    label: Option<String>,
+    #[serde(default)]
+    purpose: String,
+}
+
+/// What a resuming agent reads: the run, its log and its next step.
+#[derive(Debug, Serialize)]
+struct RunView {
+    run: Run,
+    next_step: i64,
+    steps: Vec<Step>,
+    pivot: Option<Approval>,
+}
+
+async fn create_run(
+    State(state): State<AppState>,
+    Agent(agent): Agent,
+    Body(body): Body<CreateRun>,
+) -> Result<Response, ApiError> {
+    if body.label.as_deref().is_some_and(|l| l.trim().is_empty()) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            "label, when given, cannot be empty",
+        ));
+    }
+    let (run, created) = state
+        .store
+        .create_run(NewRun {
+            agent,
+            label: body.label,
+            purpose: body.purpose,
+        })
+        .await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(json!({"run": run, "next_step": run.next_step})),
+    )
+        .into_response())
+}
+
+async fn read_run(
+    State(state): State<AppState>,
+    Agent(agent): Agent,
+    Path(raw): Path<String>,
+) -> Result<Json<RunView>, ApiError> {
+    let run = state.engine.agents_run(&agent, run_id(&raw)?).await?;
+    let steps = state.store.steps(run.id).await?;
+    let pivot = match run.pivot_approval_id {
+        Some(id) => state.store.approval(id).await?,
+        None => None,
+    };
+    Ok(Json(RunView {
+        next_step: run.next_step,
+        run,
+        steps,
+        pivot,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CallRequest {
+    tool: String,
+    #[serde(default)]
+    args: Value,
+    /// Required for tools with side effects: the run's `next_step` for a new
+    /// step, or an existing step to read (or resolve) its outcome.
+    step: Option<i64>,
+}
+
+async fn call(
+    State(state): State<AppState>,
+    Agent(agent): Agent,
+    Path(raw): Path<String>,
+    Body(body): Body<CallRequest>,
+) -> Result<Json<CallOutcome>, ApiError> {
+    if body.step.is_some_and(|s| s < 0) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            "step cannot be negative",
+        ));
+    }
+    let outcome = state
+        .engine
+        .call(&agent, run_id(&raw)?, &body.tool, body.args, body.step)
+        .await?;
+    Ok(Json(outcome))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PivotRequest {
+    summary: String,
+    commit: Vec<PlannedCall>,
+}
+
+async fn propose_pivot(
+    State(state): State<AppState>,
+    Agent(agent): Agent,
+    Path(raw): Path<String>,
+    Body(body): Body<PivotRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let approval = state
+        .engine
+        .propose_pivot(&agent, run_id(&raw)?, &body.summary, body.commit)
+        .await?;
+    Ok(Json(json!({
+        "outcome": "awaiting_approval",
+        "approval_id": approval.id,
+        "digest": approval.digest,
+        "expires_at": approval.expires_at,
+        "plan": approval.plan,
+        "message": "the plan waits for a person's approval; the run takes no other calls until then",
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UnwindRequest {
+    reason: String,
+}
+
+async fn unwind(
+    State(state): State<AppState>,
+    Agent(agent): Agent,
+    Path(raw): Path<String>,
+    Body(body): Body<UnwindRequest>,
+) -> Result<Json<Run>, ApiError> {
+    if body.reason.trim().is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            "say why the run is unwound: `reason` cannot be empty",
+        ));
+    }
+    let run = state.engine.agents_run(&agent, run_id(&raw)?).await?;
+    let run = state
+        .engine
+        .unwind(run.id, &Actor::Agent(agent), &body.reason)
+        .await?;
+    Ok(Json(run))
+}
+
+async fn complete(
+    State(state): State<AppState>,
+    Agent(agent): Agent,
+    Path(raw): Path<String>,
+) -> Result<Json<Run>, ApiError> {
+    Ok(Json(state.engine.complete(&agent, run_id(&raw)?).await?))
+}
+
+async fn tools(State(state): State<AppState>, Agent(_): Agent) -> Json<Value> {
+    let tools: Vec<Value> = state
+        .registry
+        .tools()
+        .map(|spec| {
+            json!({
+                "name": spec.name,
+                "class": spec.class,
+                "audience": spec.audience,
+                "gated": spec.gated,
+                "needs_step": spec.class != crate::saga::class::ToolClass::Pure,
+            })
+        })
+        .collect();
+    Json(json!({"tools": tools}))
+}

@@ -1,0 +1,89 @@
+//! The connectors this build can reach, routed by operation name.
+//!
+//! Real connectors (Stripe, Jira, Zendesk, SMTP, Slack, generic HTTP) plug
+//! in here. Start-up refuses a tools file that names an operation no
+//! connector serves, so a call never finds out at run time.
+
+use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
+use crate::saga::registry::Registry;
+use async_trait::async_trait;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Operation name → the connector that performs it.
+#[derive(Clone, Default)]
+pub struct ConnectorSet {
+    routes: BTreeMap<String, Arc<dyn Connector>>,
+}
+
+impl ConnectorSet {
+    pub fn new() -> Self {
+        ConnectorSet::default()
+    }
+
+    /// Routes every operation in `operations` to `connector`.
+    pub fn serve(mut self, operations: &[&str], connector: Arc<dyn Connector>) -> Self {
+        for operation in operations {
+            self.routes
+                .insert((*operation).to_owned(), connector.clone());
+        }
+        self
+    }
+
+    /// The operations the tools file names that nothing here serves.
+    pub fn missing_for(&self, registry: &Registry) -> Vec<String> {
+        let mut missing = Vec::new();
+        for spec in registry.tools() {
+            let mut operations = vec![spec.connector.clone()];
+            operations.extend(spec.correction_channel().map(str::to_owned));
+            for operation in operations {
+                if !self.routes.contains_key(&operation) {
+                    missing.push(format!(
+                        "tool `{}`: no connector serves operation `{operation}`",
+                        spec.name
+                    ));
+                }
+            }
+        }
+        missing
+    }
+
+    fn route(&self, operation: &str) -> Option<&Arc<dyn Connector>> {
+        self.routes.get(operation)
+    }
+}
+
+#[async_trait]
+impl Connector for ConnectorSet {
+    async fn execute(&self, operation: &str, key: &str, args: &Value) -> CallReport {
+        match self.route(operation) {
+            Some(connector) => connector.execute(operation, key, args).await,
+            None => CallReport::NotSent {
+                reason: format!("no connector serves {operation}"),
+            },
+        }
+    }
+
+    async fn lookup(
+        &self,
+        operation: &str,
+        key: &str,
+        args: &Value,
+    ) -> Result<Lookup, LookupError> {
+        match self.route(operation) {
+            Some(connector) => connector.lookup(operation, key, args).await,
+            None => Err(LookupError::Unsupported),
+        }
+    }
+
+    fn has_lookup(&self, operation: &str) -> bool {
+        self.route(operation)
+            .is_some_and(|c| c.has_lookup(operation))
+    }
+
+    fn external_ref(&self, operation: &str, body: &Value) -> Option<String> {
+        self.route(operation)
+            .and_then(|c| c.external_ref(operation, body))
+    }
+}

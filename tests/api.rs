@@ -1,0 +1,428 @@
+//! The agent API over real HTTP on port 0, with the model world behind the
+//! connectors: outcomes are 200s, refusals carry their codes, bad input and
+//! bad tokens say what is wrong.
+
+mod common;
+
+use common::world::{Fault, World, TOOLS};
+use reqwest::StatusCode;
+use saga_harness::auth::token_hash;
+use saga_harness::config::{DatabaseArgs, ServeArgs};
+use saga_harness::connectors::ConnectorSet;
+use saga_harness::server::Application;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+const WORLD_OPERATIONS: &[&str] = &[
+    "crm.lookup",
+    "tickets.create",
+    "tickets.close",
+    "payments.authorize",
+    "payments.cancel",
+    "payments.charge",
+    "payments.refund",
+    "mail.send",
+    "warehouse.reship",
+    "warehouse.cancel",
+];
+
+struct Api {
+    base: String,
+    token: String,
+    other_token: String,
+    world: Arc<World>,
+    http: reqwest::Client,
+    _db: common::TestDb,
+    _tools: tempfile::TempDir,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+fn serve_args(url: &str, tools: std::path::PathBuf) -> ServeArgs {
+    ServeArgs {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        database: DatabaseArgs {
+            database_url: url.to_owned(),
+        },
+        tools: Some(tools),
+        secure_cookies: false,
+    }
+}
+
+async fn start(db: common::TestDb) -> Api {
+    let tools = tempfile::tempdir().unwrap();
+    let path = tools.path().join("tools.toml");
+    std::fs::write(&path, TOOLS).unwrap();
+    let world = Arc::new(World::new());
+    let connectors = ConnectorSet::new().serve(WORLD_OPERATIONS, world.clone());
+    let app = Application::build_with(serve_args(&db.url, path), connectors)
+        .await
+        .unwrap();
+    let token = saga_harness::auth::new_api_token();
+    let other_token = saga_harness::auth::new_api_token();
+    let store = app.state().store.clone();
+    store
+        .add_api_token("support-bot", &token_hash(&token), None)
+        .await
+        .unwrap();
+    store
+        .add_api_token("billing-bot", &token_hash(&other_token), None)
+        .await
+        .unwrap();
+    let base = format!("http://{}/api/v1", app.local_addr());
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    tokio::spawn(app.serve(async {
+        let _ = stopped.await;
+    }));
+    Api {
+        base,
+        token,
+        other_token,
+        world,
+        http: reqwest::Client::new(),
+        _db: db,
+        _tools: tools,
+        _stop: stop,
+    }
+}
+
+impl Api {
+    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.send(
+            self.http.post(format!("{}{path}", self.base)).json(&body),
+            &self.token,
+        )
+        .await
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.send(self.http.get(format!("{}{path}", self.base)), &self.token)
+            .await
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder, token: &str) -> (StatusCode, Value) {
+        let response = request.bearer_auth(token).send().await.unwrap();
+        let status = response.status();
+        let body = response.json::<Value>().await.unwrap_or(Value::Null);
+        (status, body)
+    }
+
+    async fn new_run(&self) -> String {
+        let (status, body) = self
+            .post("/runs", json!({"purpose": "refund a double charge"}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body["run"]["id"].as_str().unwrap().to_owned()
+    }
+}
+
+#[tokio::test]
+async fn a_missing_or_wrong_token_is_401_with_a_hint() {
+    let api = start(common::sqlite()).await;
+    let response = api
+        .http
+        .get(format!("{}/tools", api.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["code"], "unauthorized");
+    assert!(body["message"].as_str().unwrap().contains("Bearer"));
+    let (status, body) = api
+        .send(
+            api.http.get(format!("{}/tools", api.base)),
+            "sh_not-a-token",
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(body["message"].as_str().unwrap().contains("token create"));
+}
+
+#[tokio::test]
+async fn runs_are_created_once_per_label() {
+    let api = start(common::sqlite()).await;
+    let (first, a) = api
+        .post(
+            "/runs",
+            json!({"label": "ticket-4512", "purpose": "refund"}),
+        )
+        .await;
+    let (again, b) = api
+        .post(
+            "/runs",
+            json!({"label": "ticket-4512", "purpose": "refund"}),
+        )
+        .await;
+    assert_eq!((first, again), (StatusCode::CREATED, StatusCode::OK));
+    assert_eq!(a["run"]["id"], b["run"]["id"]);
+    assert_eq!(a["next_step"], 0);
+}
+
+async fn an_unknown_outcome_is_resolved_by_resending_the_step(api: Api) {
+    let run = api.new_run().await;
+    api.world.fail_next("tickets.create", Fault::EffectThen504);
+    let (status, first) = api
+        .post(
+            &format!("/runs/{run}/calls"),
+            json!({"tool": "create_ticket", "args": {"summary": "charged twice"}, "step": 0}),
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a tool outcome is not an HTTP error"
+    );
+    assert_eq!(first["outcome"], "unknown");
+    assert!(first["message"]
+        .as_str()
+        .unwrap()
+        .contains("Do not retry with new arguments"));
+    let (_, again) = api
+        .post(
+            &format!("/runs/{run}/calls"),
+            json!({"tool": "create_ticket", "args": {"summary": "double charge!!"}, "step": 0}),
+        )
+        .await;
+    assert_eq!(again["outcome"], "confirmed");
+    assert_eq!(again["key"], first["key"]);
+    assert_eq!(again["next_step"], 1);
+    assert_eq!(api.world.effects("tickets.create").len(), 1);
+    let (status, view) = api.get(&format!("/runs/{run}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(view["next_step"], 1);
+    assert_eq!(view["steps"][0]["status"], "CONFIRMED");
+    assert_eq!(view["steps"][0]["args"]["summary"], "charged twice");
+}
+
+#[tokio::test]
+async fn sqlite_an_unknown_outcome_is_resolved_by_resending_the_step() {
+    an_unknown_outcome_is_resolved_by_resending_the_step(start(common::sqlite()).await).await;
+}
+
+#[tokio::test]
+async fn postgres_an_unknown_outcome_is_resolved_by_resending_the_step() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    an_unknown_outcome_is_resolved_by_resending_the_step(start(db).await).await;
+}
+
+#[tokio::test]
+async fn refusals_carry_their_codes() {
+    let api = start(common::sqlite()).await;
+    let run = api.new_run().await;
+    let calls = format!("/runs/{run}/calls");
+    let cases = [
+        (
+            json!({"tool": "create_ticket", "args": {}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "step_required",
+        ),
+        (
+            json!({"tool": "create_ticket", "args": {}, "step": 4}),
+            StatusCode::CONFLICT,
+            "step_out_of_order",
+        ),
+        (
+            json!({"tool": "teleport", "args": {}, "step": 0}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_tool",
+        ),
+        (
+            json!({"tool": "announce", "args": {"to": ["a@example.com"]}, "step": 0}),
+            StatusCode::FORBIDDEN,
+            "gated_tool",
+        ),
+    ];
+    for (body, status, code) in cases {
+        let (got, answer) = api.post(&calls, body.clone()).await;
+        assert_eq!(
+            (got, answer["code"].as_str()),
+            (status, Some(code)),
+            "{body} → {answer}"
+        );
+    }
+    api.post(
+        &calls,
+        json!({"tool": "create_ticket", "args": {}, "step": 0}),
+    )
+    .await;
+    let (status, answer) = api
+        .post(
+            &calls,
+            json!({"tool": "charge_card", "args": {"amount": 1}, "step": 0}),
+        )
+        .await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::CONFLICT, Some("step_mismatch"))
+    );
+    // Another agent's run does not exist for it.
+    let (status, answer) = api
+        .send(
+            api.http.get(format!("{}/runs/{run}", api.base)),
+            &api.other_token,
+        )
+        .await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("run_not_found"))
+    );
+    let (status, answer) = api.get("/runs/not-a-uuid").await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_run_id"))
+    );
+    assert_eq!(
+        api.world.effects("tickets.create").len(),
+        1,
+        "refused calls did nothing"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_says_what_is_wrong() {
+    let api = start(common::sqlite()).await;
+    let run = api.new_run().await;
+    let url = format!("{}/runs/{run}/calls", api.base);
+    let send_raw = |body: &'static str, content_type: &'static str| {
+        api.http
+            .post(url.clone())
+            .header("content-type", content_type)
+            .bearer_auth(&api.token)
+            .body(body)
+            .send()
+    };
+    let malformed = send_raw("{\"tool\": ", "application/json").await.unwrap();
+    assert_eq!(malformed.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        malformed.json::<Value>().await.unwrap()["code"],
+        "malformed_json"
+    );
+    let wrong_type = send_raw("{\"tool\": 7, \"step\": 0}", "application/json")
+        .await
+        .unwrap();
+    assert_eq!(wrong_type.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let body = wrong_type.json::<Value>().await.unwrap();
+    assert_eq!(body["code"], "invalid_body");
+    assert!(body["message"].as_str().unwrap().contains("tool"), "{body}");
+    let unknown_field = send_raw(
+        "{\"tool\": \"create_ticket\", \"stpe\": 0}",
+        "application/json",
+    )
+    .await
+    .unwrap();
+    assert!(unknown_field.json::<Value>().await.unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .contains("stpe"));
+    let not_json = send_raw("tool=create_ticket", "text/plain").await.unwrap();
+    assert_eq!(not_json.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(
+        not_json.json::<Value>().await.unwrap()["code"],
+        "expected_json"
+    );
+    let (_, view) = api.get(&format!("/runs/{run}")).await;
+    assert_eq!(view["next_step"], 0, "nothing half-written");
+}
+
+#[tokio::test]
+async fn pivot_unwind_and_complete_over_http() {
+    let api = start(common::sqlite()).await;
+    let run = api.new_run().await;
+    api.post(
+        &format!("/runs/{run}/calls"),
+        json!({"tool": "authorize_card", "args": {"amount": 500}, "step": 0}),
+    )
+    .await;
+    let (status, answer) = api.post(&format!("/runs/{run}/complete"), json!({})).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::CONFLICT, Some("run_has_open_effects"))
+    );
+    let (status, pivot) = api
+        .post(
+            &format!("/runs/{run}/pivot"),
+            json!({"summary": "capture the payment", "commit": [{"tool": "charge_card", "args": {"amount": 500}}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{pivot}");
+    assert_eq!(pivot["outcome"], "awaiting_approval");
+    assert!(
+        pivot["expires_at"].is_string(),
+        "an authorisation sets a deadline: {pivot}"
+    );
+    let (status, answer) = api
+        .post(
+            &format!("/runs/{run}/calls"),
+            json!({"tool": "create_ticket", "args": {}, "step": 1}),
+        )
+        .await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::CONFLICT, Some("run_awaiting_approval"))
+    );
+    let (status, answer) = api
+        .post(
+            &format!("/runs/{run}/unwind"),
+            json!({"reason": "changed my mind"}),
+        )
+        .await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::CONFLICT, Some("run_awaiting_approval"))
+    );
+
+    let other = api.new_run().await;
+    api.post(
+        &format!("/runs/{other}/calls"),
+        json!({"tool": "authorize_card", "args": {"amount": 9}, "step": 0}),
+    )
+    .await;
+    let (status, answer) = api
+        .post(&format!("/runs/{other}/unwind"), json!({"reason": ""}))
+        .await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_body"))
+    );
+    let (status, unwound) = api
+        .post(
+            &format!("/runs/{other}/unwind"),
+            json!({"reason": "wrong customer"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{unwound}");
+    assert_eq!(unwound["status"], "UNWOUND");
+    assert_eq!(api.world.effects("payments.cancel").len(), 1);
+}
+
+#[tokio::test]
+async fn the_tools_registry_is_listed() {
+    let api = start(common::sqlite()).await;
+    let (status, body) = api.get("/tools").await;
+    assert_eq!(status, StatusCode::OK);
+    let tools = body["tools"].as_array().unwrap();
+    let announce = tools.iter().find(|t| t["name"] == "announce").unwrap();
+    assert_eq!(announce["class"], "irreversible");
+    assert_eq!(announce["gated"], true);
+    let lookup = tools.iter().find(|t| t["name"] == "crm.lookup").unwrap();
+    assert_eq!(lookup["needs_step"], false);
+}
+
+#[tokio::test]
+async fn start_up_refuses_tools_no_connector_can_perform() {
+    let tools = tempfile::tempdir().unwrap();
+    let path = tools.path().join("tools.toml");
+    std::fs::write(&path, TOOLS).unwrap();
+    let db = common::sqlite();
+    let Err(err) = Application::build(serve_args(&db.url, path)).await else {
+        panic!("started with tools nothing can perform");
+    };
+    let message = err.to_string();
+    assert!(
+        message.contains("tool `create_ticket`: no connector serves operation `tickets.create`"),
+        "{message}"
+    );
+}
