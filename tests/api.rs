@@ -323,6 +323,24 @@ async fn bad_input_says_what_is_wrong() {
         not_json.json::<Value>().await.unwrap()["code"],
         "expected_json"
     );
+    let huge = format!(
+        "{{\"tool\": \"create_ticket\", \"step\": 0, \"args\": {{\"summary\": \"{}\"}}}}",
+        "x".repeat(300 * 1024)
+    );
+    let too_large = api
+        .http
+        .post(url.clone())
+        .header("content-type", "application/json")
+        .bearer_auth(&api.token)
+        .body(huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(too_large.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        too_large.json::<Value>().await.unwrap()["code"],
+        "body_too_large"
+    );
     let (_, view) = api.get(&format!("/runs/{run}")).await;
     assert_eq!(view["next_step"], 0, "nothing half-written");
 }

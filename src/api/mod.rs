@@ -10,7 +10,7 @@ use crate::saga::pivot::PlannedCall;
 use crate::saga::store::StoreError;
 use crate::server::AppState;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -21,6 +21,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+/// The largest request body an agent may send. Tool arguments are small;
+/// anything bigger is a mistake, refused before it is parsed.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/api/v1/runs", post(create_run))
@@ -30,6 +34,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/runs/{run}/unwind", post(unwind))
         .route("/api/v1/runs/{run}/complete", post(complete))
         .route("/api/v1/tools", get(tools))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
 
 /// Every error the API returns: a status, a stable code, a message that
