@@ -417,6 +417,77 @@ async fn pivot_unwind_and_complete_over_http() {
 }
 
 #[tokio::test]
+async fn the_event_stream_follows_the_run_and_resumes_after_last_event_id() {
+    let api = start(common::sqlite()).await;
+    let run = api.new_run().await;
+    let mut stream = api
+        .http
+        .get(format!("{}/runs/{run}/events", api.base))
+        .bearer_auth(&api.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.headers()["content-type"], "text/event-stream");
+    api.post(
+        &format!("/runs/{run}/calls"),
+        json!({"tool": "create_ticket", "args": {}, "step": 0}),
+    )
+    .await;
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !seen.contains("CONFIRMED") {
+        let chunk = tokio::time::timeout_at(deadline, stream.chunk())
+            .await
+            .expect("events arrive")
+            .unwrap()
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(seen.contains("event: run"), "{seen}");
+    assert!(seen.contains("\"to_status\":\"INTENDED\""), "{seen}");
+    // Reconnecting after the last id seen sends only what came later.
+    let last_id: i64 = seen
+        .lines()
+        .filter_map(|l| l.strip_prefix("id:"))
+        .filter_map(|v| v.trim().parse().ok())
+        .max()
+        .unwrap();
+    api.post(&format!("/runs/{run}/unwind"), json!({"reason": "done"}))
+        .await;
+    let mut again = api
+        .http
+        .get(format!("{}/runs/{run}/events", api.base))
+        .bearer_auth(&api.token)
+        .header("last-event-id", last_id.to_string())
+        .send()
+        .await
+        .unwrap();
+    let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), again.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&chunk);
+    let ids: Vec<i64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("id:"))
+        .filter_map(|v| v.trim().parse().ok())
+        .collect();
+    assert!(!ids.is_empty(), "no event after reconnecting: {text}");
+    assert!(
+        ids.iter().all(|id| *id > last_id),
+        "old events repeated: {ids:?} after {last_id}"
+    );
+    let (status, _) = api
+        .send(
+            api.http.get(format!("{}/runs/{run}/events", api.base)),
+            &api.other_token,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
 async fn the_tools_registry_is_listed() {
     let api = start(common::sqlite()).await;
     let (status, body) = api.get("/tools").await;

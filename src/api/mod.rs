@@ -33,6 +33,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/runs/{run}/pivot", post(propose_pivot))
         .route("/api/v1/runs/{run}/unwind", post(unwind))
         .route("/api/v1/runs/{run}/complete", post(complete))
+        .route("/api/v1/runs/{run}/events", get(events))
         .route("/api/v1/tools", get(tools))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
@@ -351,4 +352,57 @@ async fn tools(State(state): State<AppState>, Agent(_): Agent) -> Json<Value> {
         })
         .collect();
     Json(json!({"tools": tools}))
+}
+
+/// How often the event stream looks for new events. Polling the audit
+/// trail (rather than an in-process channel) means events written by any
+/// harness instance sharing the database reach every listener.
+const EVENT_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Server-sent events: the run's audit trail as it grows, for agents that
+/// wait on an approval and for the dashboard. `Last-Event-ID` resumes after
+/// a reconnect.
+async fn events(
+    State(state): State<AppState>,
+    Agent(agent): Agent,
+    Path(raw): Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Result<impl IntoResponse, ApiError> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let run = state.engine.agents_run(&agent, run_id(&raw)?).await?;
+    let after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap_or(0);
+    let store = state.store.clone();
+    let stream = futures::stream::unfold((after, Vec::new()), move |(mut last, mut pending)| {
+        let store = store.clone();
+        async move {
+            loop {
+                if let Some(next) = pending.pop() {
+                    let event: crate::saga::model::Event = next;
+                    last = event.id;
+                    let sse = Event::default()
+                        .id(event.id.to_string())
+                        .event(event.entity.clone())
+                        .json_data(&event)
+                        .unwrap_or_else(|_| Event::default().comment("unserialisable event"));
+                    return Some((Ok::<_, std::convert::Infallible>(sse), (last, pending)));
+                }
+                match store.events_after(run.id, last, 100).await {
+                    Ok(mut fresh) if !fresh.is_empty() => {
+                        fresh.reverse();
+                        pending = fresh;
+                    }
+                    Ok(_) => tokio::time::sleep(EVENT_POLL).await,
+                    Err(err) => {
+                        tracing::error!(%err, "reading events for a stream");
+                        return None;
+                    }
+                }
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }

@@ -183,6 +183,13 @@ pub trait SagaStore: Send + Sync + 'static {
 
     /// Oldest first; all runs when `run_id` is `None`.
     async fn events(&self, run_id: Option<Uuid>, limit: i64) -> StoreResult<Vec<Event>>;
+    /// A run's events with ids above `after_id`, oldest first.
+    async fn events_after(
+        &self,
+        run_id: Uuid,
+        after_id: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<Event>>;
 
     // --- people and agents ------------------------------------------------
 

@@ -1331,6 +1331,19 @@ macro_rules! saga_store_sql {
                 rows.iter().map(event_from).collect()
             }
 
+            async fn events_after(&self, run_id: Uuid, after_id: i64, limit: i64) -> StoreResult<Vec<Event>> {
+                sqlx::query("SELECT * FROM events WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3")
+                    .bind(run_id.to_string())
+                    .bind(after_id)
+                    .bind(limit)
+                    .fetch_all(self.reader())
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(event_from)
+                    .collect()
+            }
+
             async fn add_user(&self, username: &str, password_hash: &str, role: Role) -> StoreResult<User> {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;

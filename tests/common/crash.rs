@@ -211,6 +211,14 @@ impl SagaStore for CrashingStore {
     async fn events(&self, run_id: Option<Uuid>, limit: i64) -> StoreResult<Vec<Event>> {
         self.inner.events(run_id, limit).await
     }
+    async fn events_after(
+        &self,
+        run_id: Uuid,
+        after_id: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<Event>> {
+        self.inner.events_after(run_id, after_id, limit).await
+    }
     async fn add_user(&self, username: &str, password_hash: &str, role: Role) -> StoreResult<User> {
         self.inner.add_user(username, password_hash, role).await
     }
