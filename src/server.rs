@@ -164,10 +164,24 @@ impl Application {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
-        axum::serve(self.listener, self.router.into_make_service())
+        // Pivots left pending past their authorisations' deadline are
+        // rejected while the server runs, not only at the next start.
+        let engine = self.state.engine.clone();
+        let sweeper = tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+            loop {
+                every.tick().await;
+                if let Err(err) = engine.expire_pivots().await {
+                    tracing::error!(%err, "expiring pivots");
+                }
+            }
+        });
+        let served = axum::serve(self.listener, self.router.into_make_service())
             .with_graceful_shutdown(shutdown)
             .await
-            .map_err(ServerError::Serve)
+            .map_err(ServerError::Serve);
+        sweeper.abort();
+        served
     }
 
     /// Serves until Ctrl-C or SIGTERM.

@@ -1339,6 +1339,70 @@ async fn r9_a_pivot_left_pending_past_the_authorisations_is_rejected(s: Setup) {
     assert!(s.world.effects("payments.charge").is_empty());
 }
 
+async fn a_resent_step_of_a_finished_run_is_read_never_executed(s: Setup) {
+    let run = s.run().await;
+    s.world.fail_next("tickets.create", Fault::Status(429));
+    let first = s
+        .engine
+        .call(AGENT, run.id, "create_ticket", json!({}), Some(0))
+        .await
+        .unwrap();
+    assert_eq!(first.outcome, OutcomeKind::NotExecuted);
+    s.engine
+        .unwind(run.id, &Actor::Agent(AGENT.into()), "not needed")
+        .await
+        .unwrap();
+    let read = s
+        .engine
+        .call(AGENT, run.id, "create_ticket", json!({}), Some(0))
+        .await
+        .unwrap();
+    assert_eq!(read.outcome, OutcomeKind::NotExecuted);
+    assert!(
+        s.world.effects("tickets.create").is_empty(),
+        "nothing new in an unwound run"
+    );
+}
+
+async fn r7_an_answer_lets_the_waiting_commit_carry_on(s: Setup) {
+    let run = s.run().await;
+    s.world.fail_next("mail.send", Fault::EffectThen504);
+    let pivot = s
+        .engine
+        .propose_pivot(
+            AGENT,
+            run.id,
+            "announce, then open a follow-up ticket",
+            plan(&[
+                ("announce", json!({"to": ["a@example.com"]})),
+                ("create_ticket", json!({"summary": "follow-up"})),
+            ]),
+        )
+        .await
+        .unwrap();
+    let waiting = s
+        .engine
+        .decide_pivot(pivot.id, &pivot.digest, true, &lead())
+        .await
+        .unwrap();
+    assert_eq!(waiting.status, RunStatus::NeedsAttention);
+    assert!(s.world.effects("tickets.create").is_empty());
+    s.engine
+        .answer(run.id, 0, true, None, &lead())
+        .await
+        .unwrap();
+    assert_eq!(
+        s.store.run(run.id).await.unwrap().unwrap().status,
+        RunStatus::Completed
+    );
+    assert_eq!(
+        s.world.effects("mail.send").len(),
+        1,
+        "the announcement went out once"
+    );
+    assert_eq!(s.world.effects("tickets.create").len(), 1);
+}
+
 /// The engine under test, over a fresh world.
 fn setup(store: Arc<dyn SagaStore>) -> Setup {
     Setup::new(store)
@@ -1372,4 +1436,6 @@ common::on_both_backends!(
     r5_the_key_reaches_the_system_and_the_external_id_is_kept,
     complete_is_refused_while_an_authorisation_is_open,
     r9_a_pivot_left_pending_past_the_authorisations_is_rejected,
+    a_resent_step_of_a_finished_run_is_read_never_executed,
+    r7_an_answer_lets_the_waiting_commit_carry_on,
 );

@@ -710,7 +710,10 @@ async fn pivot_approval_is_one_atomic_decision_on_the_plan_shown(store: Store) {
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::IllegalTransition(_)), "{err}");
+    assert!(
+        matches!(err, StoreError::PlanChanged),
+        "a superseded plan is a changed plan: {err}"
+    );
     assert!(store.pending_approvals().await.unwrap().is_empty());
 }
 

@@ -93,6 +93,15 @@ impl From<Refusal> for ApiError {
             | Refusal::RunHasOpenEffects(_) => StatusCode::CONFLICT,
             Refusal::Store(StoreError::NotFound { .. }) => StatusCode::NOT_FOUND,
             Refusal::Store(StoreError::Invalid(_)) => StatusCode::UNPROCESSABLE_ENTITY,
+            // Another instance moved the run or the step first: the agent
+            // re-sends the step and reads what happened.
+            Refusal::Store(StoreError::Stale { .. } | StoreError::StepExists { .. }) => {
+                return ApiError::new(
+                    StatusCode::CONFLICT,
+                    "concurrent_change",
+                    format!("{refusal}; re-send the same step to read its outcome"),
+                );
+            }
             Refusal::Store(_) => return ApiError::internal(refusal),
         };
         ApiError::new(status, refusal.code(), refusal.to_string())

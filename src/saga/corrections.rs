@@ -85,8 +85,7 @@ impl Engine {
             }
             status @ (StepStatus::Intended | StepStatus::Unknown) => {
                 match self
-                    .connector()
-                    .lookup(&channel, &correction.idempotency_key, &args)
+                    .look_up(&channel, &correction.idempotency_key, &args, spec.settle_ms)
                     .await
                 {
                     // Not found: nothing went out, and a person may send it again.

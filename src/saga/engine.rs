@@ -206,7 +206,14 @@ impl Engine {
                 });
             }
             // The logged arguments win: a reworded retry never changes them.
-            let settled = self.settle_existing(logged).await?;
+            // Only a running run re-executes a step that did not happen; in
+            // any other state the agent reads what the log (and the real
+            // system) says.
+            let settled = if run.status == RunStatus::Running {
+                self.settle_existing(logged).await?
+            } else {
+                self.reconcile(logged).await?
+            };
             return self.outcome_of(&settled).await;
         }
         if step > run.next_step {
@@ -455,23 +462,14 @@ impl Engine {
             return Ok(step);
         }
         let spec = self.spec(&step.tool)?;
-        let operation = spec.connector.clone();
-        let settle = Duration::from_millis(spec.settle_ms);
-        let mut looked_once = false;
-        let found = loop {
-            match self
-                .connector
-                .lookup(&operation, &step.idempotency_key, &step.args)
-                .await
-            {
-                Ok(Lookup::NotFound) if !looked_once => {
-                    looked_once = true;
-                    tokio::time::sleep(settle).await;
-                }
-                Ok(found) => break Ok(found),
-                Err(err) => break Err(err),
-            }
-        };
+        let found = self
+            .look_up(
+                &spec.connector,
+                &step.idempotency_key,
+                &step.args,
+                spec.settle_ms,
+            )
+            .await;
         let outcome = match found {
             Ok(found) => outcome_of_lookup(step.status, found),
             Err(LookupError::Unsupported) => {
@@ -497,6 +495,24 @@ impl Engine {
                 &Actor::System,
             )
             .await?)
+    }
+
+    /// R7's lookup: asks the system for the key; "not found" is asked
+    /// again after the settle pause (search indexes lag) before it counts.
+    pub(crate) async fn look_up(
+        &self,
+        operation: &str,
+        key: &str,
+        args: &Value,
+        settle_ms: u64,
+    ) -> Result<Lookup, LookupError> {
+        match self.connector.lookup(operation, key, args).await {
+            Ok(Lookup::NotFound) => {
+                tokio::time::sleep(Duration::from_millis(settle_ms)).await;
+                self.connector.lookup(operation, key, args).await
+            }
+            other => other,
+        }
     }
 
     async fn mark_unknown(&self, step: Step, why: &str) -> Result<Step, Refusal> {
@@ -556,41 +572,56 @@ impl Engine {
         external_ref: Option<String>,
         person: &Actor,
     ) -> Result<Step, Refusal> {
-        let lock = self.run_lock(run_id);
-        let _serialised = lock.lock().await;
-        let to = if happened {
-            StepStatus::Confirmed
-        } else {
-            StepStatus::NotExecuted
-        };
-        let outcome = Outcome {
-            external_ref,
-            ..Outcome::moving(StepStatus::Unknown, to)
-        };
-        let step = self
-            .store
-            .settle_step(run_id, step_idx, outcome, Durability::Durable, person)
-            .await?;
-        let open_questions = self
-            .store
-            .steps(run_id)
-            .await?
-            .into_iter()
-            .any(|s| s.status == StepStatus::Unknown);
-        if let Some(run) = self.store.run(run_id).await? {
-            if run.status == RunStatus::NeedsAttention && !open_questions {
-                if let Some(back) = run.resume_to {
+        let (step, back) = {
+            let lock = self.run_lock(run_id);
+            let _serialised = lock.lock().await;
+            let to = if happened {
+                StepStatus::Confirmed
+            } else {
+                StepStatus::NotExecuted
+            };
+            let outcome = Outcome {
+                external_ref,
+                ..Outcome::moving(StepStatus::Unknown, to)
+            };
+            let step = self
+                .store
+                .settle_step(run_id, step_idx, outcome, Durability::Durable, person)
+                .await?;
+            let open_questions = self
+                .store
+                .steps(run_id)
+                .await?
+                .into_iter()
+                .any(|s| s.status == StepStatus::Unknown);
+            let mut back = None;
+            if let Some(run) = self.store.run(run_id).await? {
+                if let (RunStatus::NeedsAttention, Some(to), false) =
+                    (run.status, run.resume_to, open_questions)
+                {
                     self.store
                         .move_run(
                             run_id,
                             RunStatus::NeedsAttention,
-                            back,
+                            to,
                             person,
                             Some("every question answered"),
                         )
                         .await?;
+                    back = Some(to);
                 }
             }
+            (step, back)
+        };
+        // The commit or unwind that waited for this answer carries on now.
+        match back {
+            Some(RunStatus::Committing) => {
+                self.commit(run_id).await?;
+            }
+            Some(RunStatus::Unwinding) => {
+                self.continue_unwind(run_id).await?;
+            }
+            _ => {}
         }
         Ok(step)
     }
@@ -618,6 +649,16 @@ impl Engine {
         })?;
         let lock = self.run_lock(approval.run_id);
         let _serialised = lock.lock().await;
+        let run = self
+            .store
+            .run(approval.run_id)
+            .await?
+            .ok_or(Refusal::RunNotFound)?;
+        if approve && approval.status == ApprovalStatus::Pending && run.status != RunStatus::Running
+        {
+            // An unwinding or finished run sends nothing new.
+            return Err(Refusal::RunClosed { status: run.status });
+        }
         let decided = self
             .store
             .decide_approval(

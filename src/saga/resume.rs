@@ -1,7 +1,8 @@
 //! Resume at start-up (R11): the log, never a transcript, says what to do.
 //! Reconciles every unsettled row, finishes decisions a crash interrupted,
-//! continues COMMITTING and UNWINDING runs, and expires pivots left pending
-//! past their deadline. Running it twice is harmless.
+//! continues COMMITTING and UNWINDING runs (and REJECTED ones whose unwind
+//! had not begun), and expires pivots left pending past their deadline.
+//! Running it twice is harmless.
 
 use super::engine::{Engine, Refusal};
 use super::model::*;
@@ -19,21 +20,32 @@ pub struct ResumeReport {
 }
 
 impl Engine {
-    pub async fn resume(&self) -> Result<ResumeReport, Refusal> {
-        let mut report = ResumeReport::default();
+    /// Rejects every pivot left pending past its authorisations' deadline
+    /// (§4); the server runs this periodically as well as at start-up.
+    pub async fn expire_pivots(&self) -> Result<usize, Refusal> {
         let now = chrono::Utc::now();
+        let mut expired = 0;
         for approval in self.store().pending_approvals().await? {
             if approval.kind == ApprovalKind::Pivot
                 && approval.expires_at.is_some_and(|at| at <= now)
             {
                 self.decide_pivot(approval.id, &approval.digest, false, &Actor::System)
                     .await?;
-                report.expired_pivots += 1;
+                expired += 1;
             }
         }
+        Ok(expired)
+    }
+
+    pub async fn resume(&self) -> Result<ResumeReport, Refusal> {
+        let mut report = ResumeReport {
+            expired_pivots: self.expire_pivots().await?,
+            ..ResumeReport::default()
+        };
         let live = [
             RunStatus::Running,
             RunStatus::Committing,
+            RunStatus::Rejected,
             RunStatus::Unwinding,
         ];
         for run in self.store().runs_with_status(&live).await? {
@@ -43,18 +55,19 @@ impl Engine {
                         self.reconcile(step).await?;
                         report.reconciled += 1;
                     }
-                    // Approved, but the crash came before the call was sent.
+                    // Decided, but the crash came before the step followed:
+                    // finish what the person decided.
                     StepStatus::AwaitingApproval => {
-                        let approved =
-                            self.store().approvals(run.id).await?.into_iter().find(|a| {
-                                a.kind == ApprovalKind::Step
-                                    && a.step_idx == Some(step.step_idx)
-                                    && a.status == ApprovalStatus::Approved
-                            });
-                        if let Some(approval) = approved {
+                        let decided = self.store().approvals(run.id).await?.into_iter().find(|a| {
+                            a.kind == ApprovalKind::Step
+                                && a.step_idx == Some(step.step_idx)
+                                && a.status != ApprovalStatus::Pending
+                        });
+                        if let Some(approval) = decided {
                             let person =
                                 Actor::User(approval.decided_by.clone().unwrap_or_default());
-                            self.decide_step(approval.id, &approval.digest, true, &person)
+                            let approve = approval.status == ApprovalStatus::Approved;
+                            self.decide_step(approval.id, &approval.digest, approve, &person)
                                 .await?;
                         }
                     }

@@ -171,7 +171,9 @@ impl Engine {
                 step.step_idx
             )));
         };
-        let operation = self.spec(tool)?.connector.clone();
+        let compensating = self.spec(tool)?;
+        let operation = compensating.connector.clone();
+        let settle_ms = compensating.settle_ms;
         // A row found on disk may have been sent before a crash: look it up
         // before sending. A row written now certainly was not.
         let mut unsent = existing.is_none();
@@ -239,8 +241,7 @@ impl Engine {
                 StepStatus::Intended | StepStatus::Unknown => {
                     attempts += 1;
                     match self
-                        .connector()
-                        .lookup(&operation, &row.idempotency_key, &row.args)
+                        .look_up(&operation, &row.idempotency_key, &row.args, settle_ms)
                         .await
                     {
                         Ok(found) => outcome_of_lookup(row.status, found),

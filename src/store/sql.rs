@@ -961,6 +961,10 @@ macro_rules! saga_store_sql {
                     // A second click or a replay: already done.
                     return Ok(current);
                 }
+                if current.status == ApprovalStatus::Superseded {
+                    // The approver looked at a plan that has since been replaced.
+                    return Err(StoreError::PlanChanged);
+                }
                 check_approval_transition(current.status, decision.to)?;
                 if current.digest != decision.digest {
                     return Err(StoreError::PlanChanged);

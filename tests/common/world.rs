@@ -460,12 +460,14 @@ name = "refund"
 class = "irreversible"
 connector = "payments.refund"
 audience = "finance"
+settle_ms = 0
 correction = { template = "A refund was issued in error.", recipients = ["finance@example.com"] }
 
 [[tool]]
 name = "cancel_shipment"
 class = "irreversible"
 connector = "warehouse.cancel"
+settle_ms = 0
 correction = { template = "Shipment cancelled.", recipients = ["warehouse@example.com"] }
 
 [[tool]]
