@@ -1439,3 +1439,113 @@ common::on_both_backends!(
     a_resent_step_of_a_finished_run_is_read_never_executed,
     r7_an_answer_lets_the_waiting_commit_carry_on,
 );
+
+/// Holds every `tickets.create` until released, as a slow backend would.
+struct Slow {
+    world: Arc<World>,
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl Connector for Slow {
+    async fn execute(
+        &self,
+        operation: &str,
+        key: &str,
+        args: &Value,
+    ) -> saga_harness::saga::connector::CallReport {
+        if operation == "tickets.create" {
+            self.entered.notify_one();
+            self.release.notified().await;
+        }
+        self.world.execute(operation, key, args).await
+    }
+    async fn lookup(
+        &self,
+        operation: &str,
+        key: &str,
+        args: &Value,
+    ) -> Result<saga_harness::saga::connector::Lookup, saga_harness::saga::connector::LookupError>
+    {
+        self.world.lookup(operation, key, args).await
+    }
+    fn has_lookup(&self, operation: &str) -> bool {
+        self.world.has_lookup(operation)
+    }
+    fn external_ref(&self, operation: &str, body: &Value) -> Option<String> {
+        self.world.external_ref(operation, body)
+    }
+}
+
+/// Two harness processes on one PostgreSQL: while instance A's call is in
+/// flight, the agent's retry lands on instance B. B must wait for A's claim
+/// on the run and then read A's outcome, not reconcile a call that has not
+/// landed yet and send it again.
+#[tokio::test]
+async fn postgres_two_instances_never_send_one_step_twice() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let store_a = saga_harness::store::open(&db.url)
+        .await
+        .unwrap()
+        .saga_store();
+    let store_b = saga_harness::store::open(&db.url)
+        .await
+        .unwrap()
+        .saga_store();
+    let world = Arc::new(World::new());
+    let slow = Arc::new(Slow {
+        world: world.clone(),
+        entered: tokio::sync::Notify::new(),
+        release: tokio::sync::Notify::new(),
+    });
+    let a = Arc::new(Engine::new(store_a.clone(), registry(), slow.clone()));
+    let b = Arc::new(Engine::new(store_b, registry(), world.clone()));
+    let run = Setup::new(store_a).run().await;
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move {
+            a.call(
+                AGENT,
+                run.id,
+                "create_ticket",
+                json!({"summary": "charged twice"}),
+                Some(0),
+            )
+            .await
+        }
+    });
+    slow.entered.notified().await;
+    let second = tokio::spawn({
+        let b = b.clone();
+        async move {
+            b.call(
+                AGENT,
+                run.id,
+                "create_ticket",
+                json!({"summary": "DOUBLE charge"}),
+                Some(0),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !second.is_finished(),
+        "instance B did not wait for A's claim on the run"
+    );
+    slow.release.notify_one();
+    let a_outcome = first.await.unwrap().unwrap();
+    let b_outcome = second.await.unwrap().unwrap();
+    assert_eq!(a_outcome.outcome, OutcomeKind::Confirmed);
+    assert_eq!(b_outcome.outcome, OutcomeKind::Confirmed);
+    assert_eq!(a_outcome.external_ref, b_outcome.external_ref);
+    assert_eq!(
+        world.effects("tickets.create").len(),
+        1,
+        "one ticket, whoever answered"
+    );
+}

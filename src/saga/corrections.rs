@@ -21,8 +21,7 @@ impl Engine {
         person: &Actor,
     ) -> Result<Correction, Refusal> {
         let mut correction = self.correction(id).await?;
-        let lock = self.run_lock(correction.run_id);
-        let _serialised = lock.lock().await;
+        let _serialised = self.serialise(correction.run_id).await?;
         if correction.status == CorrectionStatus::Pending {
             if let Some(text) = edited.filter(|t| *t != correction.message) {
                 correction = self.store().edit_correction(id, text, person).await?;

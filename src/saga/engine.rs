@@ -15,7 +15,7 @@ use super::key::step_key;
 use super::model::*;
 use super::registry::{Registry, ToolSpec};
 use super::status::{ApprovalStatus, RunStatus, StepStatus};
-use super::store::{SagaStore, StoreError};
+use super::store::{RunClaim, SagaStore, StoreError};
 use serde::Serialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -107,6 +107,12 @@ impl Refusal {
     }
 }
 
+/// Held while a run is worked on; dropping it lets the next caller in.
+pub(crate) struct RunGuard {
+    _claim: Box<dyn RunClaim>,
+    _local: tokio::sync::OwnedMutexGuard<()>,
+}
+
 pub struct Engine {
     store: Arc<dyn SagaStore>,
     registry: Arc<Registry>,
@@ -151,7 +157,19 @@ impl Engine {
             .ok_or(Refusal::RunNotFound)
     }
 
-    pub(crate) fn run_lock(&self, run_id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+    /// Serialises work on one run: in this process (a mutex per run) and
+    /// across processes sharing the database (the store's run claim, held
+    /// for the whole call, not only for a transaction).
+    pub(crate) async fn serialise(&self, run_id: Uuid) -> Result<RunGuard, Refusal> {
+        let local = self.run_lock(run_id).lock_owned().await;
+        let claim = self.store.claim_run(run_id).await?;
+        Ok(RunGuard {
+            _claim: claim,
+            _local: local,
+        })
+    }
+
+    fn run_lock(&self, run_id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
         // A poisoned map only means another call panicked; the map is still
         // a valid set of locks.
         let mut locks = self.run_locks.lock().unwrap_or_else(|p| p.into_inner());
@@ -173,8 +191,7 @@ impl Engine {
         args: Value,
         step: Option<i64>,
     ) -> Result<CallOutcome, Refusal> {
-        let lock = self.run_lock(run_id);
-        let _serialised = lock.lock().await;
+        let _serialised = self.serialise(run_id).await?;
         let run = self
             .store
             .run(run_id)
@@ -296,8 +313,7 @@ impl Engine {
     /// a staged effect (a draft, an authorisation) is still open: those
     /// are committed through a pivot or unwound.
     pub async fn complete(&self, agent: &str, run_id: Uuid) -> Result<Run, Refusal> {
-        let lock = self.run_lock(run_id);
-        let _serialised = lock.lock().await;
+        let _serialised = self.serialise(run_id).await?;
         let run = self.agents_run(agent, run_id).await?;
         match run.status {
             RunStatus::Running => {}
@@ -573,8 +589,7 @@ impl Engine {
         person: &Actor,
     ) -> Result<Step, Refusal> {
         let (step, back) = {
-            let lock = self.run_lock(run_id);
-            let _serialised = lock.lock().await;
+            let _serialised = self.serialise(run_id).await?;
             let to = if happened {
                 StepStatus::Confirmed
             } else {
@@ -647,8 +662,7 @@ impl Engine {
                 "approval {approval_id} is a pivot, not a single step"
             ))
         })?;
-        let lock = self.run_lock(approval.run_id);
-        let _serialised = lock.lock().await;
+        let _serialised = self.serialise(approval.run_id).await?;
         let run = self
             .store
             .run(approval.run_id)

@@ -42,8 +42,7 @@ impl Engine {
         summary: &str,
         commit: Vec<PlannedCall>,
     ) -> Result<Approval, Refusal> {
-        let lock = self.run_lock(run_id);
-        let _serialised = lock.lock().await;
+        let _serialised = self.serialise(run_id).await?;
         let run = self.agents_run(agent, run_id).await?;
         let run_move = match run.status {
             RunStatus::Running => Some((RunStatus::Running, RunStatus::AwaitingApproval)),
@@ -148,8 +147,7 @@ impl Engine {
             (ApprovalStatus::Rejected, RunStatus::Rejected, None)
         };
         {
-            let lock = self.run_lock(run_id);
-            let _serialised = lock.lock().await;
+            let _serialised = self.serialise(run_id).await?;
             self.store()
                 .decide_approval(
                     Decision {
@@ -183,8 +181,7 @@ impl Engine {
     /// its own key. Safe to call again after a crash: logged steps are
     /// reconciled, not re-sent blindly.
     pub async fn commit(&self, run_id: Uuid) -> Result<Run, Refusal> {
-        let lock = self.run_lock(run_id);
-        let _serialised = lock.lock().await;
+        let _serialised = self.serialise(run_id).await?;
         let run = self
             .store()
             .run(run_id)

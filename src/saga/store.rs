@@ -55,9 +55,18 @@ pub enum Backend {
     Postgres,
 }
 
+/// Exclusive work on one run across every harness process sharing the
+/// database, until dropped.
+pub trait RunClaim: Send + Sync {}
+
 #[async_trait]
 pub trait SagaStore: Send + Sync + 'static {
     fn backend(&self) -> Backend;
+
+    /// Waits until no other process works on this run, then holds it until
+    /// the claim is dropped. (A SQLite file has one process by design, so
+    /// there the claim is free.)
+    async fn claim_run(&self, run_id: Uuid) -> StoreResult<Box<dyn RunClaim>>;
 
     // --- runs -------------------------------------------------------------
 

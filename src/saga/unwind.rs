@@ -27,8 +27,7 @@ impl Engine {
     /// before its pivot; after it, only a person from the dashboard.
     pub async fn unwind(&self, run_id: Uuid, actor: &Actor, reason: &str) -> Result<Run, Refusal> {
         {
-            let lock = self.run_lock(run_id);
-            let _serialised = lock.lock().await;
+            let _serialised = self.serialise(run_id).await?;
             let run = self
                 .store()
                 .run(run_id)
@@ -70,8 +69,7 @@ impl Engine {
     /// Drives an UNWINDING run as far as it can go. Idempotent: safe after
     /// a crash at any point.
     pub async fn continue_unwind(&self, run_id: Uuid) -> Result<Run, Refusal> {
-        let lock = self.run_lock(run_id);
-        let _serialised = lock.lock().await;
+        let _serialised = self.serialise(run_id).await?;
         let run = self
             .store()
             .run(run_id)

@@ -35,7 +35,7 @@ impl PostgresStore {
             })?;
         probe.close().await.map_err(db)?;
         let pool = PgPoolOptions::new()
-            .max_connections(16)
+            .max_connections(32)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await
@@ -71,6 +71,30 @@ impl PostgresStore {
                 .map_err(db)?;
         }
         Ok(())
+    }
+}
+
+/// A transaction holding `pg_advisory_xact_lock` on the run: dropping it
+/// rolls the (empty) transaction back, which releases the lock, even if the
+/// holder panicked.
+pub struct AdvisoryClaim {
+    _tx: sqlx::Transaction<'static, Postgres>,
+}
+impl crate::saga::store::RunClaim for AdvisoryClaim {}
+
+impl PostgresStore {
+    async fn claim(
+        &self,
+        run_id: uuid::Uuid,
+    ) -> StoreResult<Box<dyn crate::saga::store::RunClaim>> {
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        // Two 32-bit halves of the run id's hash space: "saga" runs only.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('saga-run'), hashtext($1))")
+            .bind(run_id.to_string())
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        Ok(Box::new(AdvisoryClaim { _tx: tx }))
     }
 }
 

@@ -519,6 +519,10 @@ macro_rules! saga_store_sql {
                 $backend
             }
 
+            async fn claim_run(&self, run_id: Uuid) -> StoreResult<Box<dyn $crate::saga::store::RunClaim>> {
+                self.claim(run_id).await
+            }
+
             async fn create_run(&self, new: NewRun) -> StoreResult<(Run, bool)> {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;

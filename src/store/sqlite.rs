@@ -92,6 +92,20 @@ impl SqliteStore {
     }
 }
 
+/// One process owns the file (see `take_process_lock`), so the engine's
+/// in-process lock already serialises a run; the claim holds nothing.
+pub struct NoClaim;
+impl crate::saga::store::RunClaim for NoClaim {}
+
+impl SqliteStore {
+    async fn claim(
+        &self,
+        _run_id: uuid::Uuid,
+    ) -> StoreResult<Box<dyn crate::saga::store::RunClaim>> {
+        Ok(Box::new(NoClaim))
+    }
+}
+
 fn lock_path(db: &Path) -> PathBuf {
     let mut name = db.as_os_str().to_owned();
     name.push(".lock");

@@ -59,6 +59,12 @@ impl SagaStore for CrashingStore {
     fn backend(&self) -> Backend {
         self.inner.backend()
     }
+    async fn claim_run(
+        &self,
+        run_id: Uuid,
+    ) -> StoreResult<Box<dyn saga_harness::saga::store::RunClaim>> {
+        self.inner.claim_run(run_id).await
+    }
     async fn create_run(&self, new: NewRun) -> StoreResult<(Run, bool)> {
         self.inner.create_run(new).await
     }
