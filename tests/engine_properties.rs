@@ -487,7 +487,18 @@ async fn property(backing: Backing, default_cases: u64) {
         };
         backend = Some(store.backend());
         let case = tokio::time::timeout(std::time::Duration::from_secs(20), run_case(store, *seed));
-        match case.await {
+        let result = case.await;
+        if matches!(backing, Backing::SqliteFilePerCase) {
+            // Keep memory-backed scratch space small over thousands of cases.
+            for entry in std::fs::read_dir(scratch.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        match result {
             Ok(Ok(crashes)) => crashed += usize::from(crashes > 0),
             Ok(Err(why)) => failures.push(format!("seed {seed}: {why}")),
             Err(_) => failures.push(format!("seed {seed}: hung for 20 s")),
