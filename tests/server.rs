@@ -199,6 +199,39 @@ async fn runs_list_lists_runs_awaiting_approval_first() {
         )
         .await
         .unwrap();
+    // A running run with one call held for its own approval counts too.
+    let (held, _) = store
+        .create_run(new("email held for approval"))
+        .await
+        .unwrap();
+    store
+        .record_held_step(
+            saga_harness::saga::model::NewStep {
+                run_id: held.id,
+                step_idx: 0,
+                tool: "email_customer".into(),
+                tool_class: saga_harness::saga::class::ToolClass::Irreversible,
+                idempotency_key: saga_harness::saga::key::step_key(held.id, 0, "email_customer"),
+                args: serde_json::json!({"to": "ana@example.com"}),
+                status: saga_harness::saga::status::StepStatus::AwaitingApproval,
+                compensation: None,
+                audience: saga_harness::saga::class::Audience::Customer,
+                phase: saga_harness::saga::class::Phase::BeforePivot,
+            },
+            saga_harness::saga::model::NewApproval {
+                run_id: held.id,
+                kind: saga_harness::saga::model::ApprovalKind::Step,
+                step_idx: Some(0),
+                summary: "an irreversible call before the pivot".into(),
+                plan: serde_json::json!({}),
+                digest: "d".into(),
+                expires_at: None,
+            },
+            &actor,
+        )
+        .await
+        .unwrap();
+    store.create_run(new("newest, nothing held")).await.unwrap();
     let base = format!("http://{}", app.local_addr());
     tokio::spawn(app.serve(std::future::pending()));
     let client = client();
@@ -211,13 +244,22 @@ async fn runs_list_lists_runs_awaiting_approval_first() {
         .text()
         .await
         .unwrap();
-    let waiting_at = html
-        .find("close duplicate ticket")
-        .expect("waiting run listed");
-    let running_at = html
-        .find("newer, still running")
-        .expect("running run listed");
-    assert!(waiting_at < running_at, "awaiting approval is not first");
+    let position = |text: &str| {
+        html.find(text)
+            .unwrap_or_else(|| panic!("{text} not listed"))
+    };
+    let waiting_at = position("close duplicate ticket");
+    let held_at = position("email held for approval");
+    let running_at = position("newer, still running");
+    let newest_at = position("newest, nothing held");
+    assert!(
+        waiting_at < running_at && held_at < running_at,
+        "awaiting approval is not first"
+    );
+    assert!(
+        held_at < newest_at,
+        "a held step counts as awaiting approval"
+    );
     assert!(html.contains("AWAITING_APPROVAL"));
 }
 

@@ -229,6 +229,15 @@ pub async fn list_runs() -> Result<Vec<RunRow>, ServerFnError> {
     ssr::signed_in().await?;
     let state = ssr::app_state()?;
     let runs = state.store.list_runs(500).await.map_err(ssr::internal)?;
+    // A held single step waits for a person just as a pivot does.
+    let held: std::collections::HashSet<_> = state
+        .store
+        .pending_approvals()
+        .await
+        .map_err(ssr::internal)?
+        .into_iter()
+        .map(|approval| approval.run_id)
+        .collect();
     let now = chrono::Utc::now();
     let mut rows: Vec<RunRow> = runs
         .into_iter()
@@ -240,7 +249,7 @@ pub async fn list_runs() -> Result<Vec<RunRow>, ServerFnError> {
             age: ssr::age(now - run.created_at),
             steps: run.next_step,
             irreversible_before_pivot: run.irreversible_before_pivot,
-            awaiting_approval: run.status == RunStatus::AwaitingApproval,
+            awaiting_approval: run.status == RunStatus::AwaitingApproval || held.contains(&run.id),
         })
         .collect();
     // Awaiting approval first; otherwise newest first (the store's order).
