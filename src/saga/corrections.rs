@@ -3,7 +3,7 @@
 //! `correct:` key; an unknown send becomes a "did this happen?" question,
 //! never a second letter.
 
-use super::connector::{classify, outcome_of_call, outcome_of_lookup, LookupError};
+use super::connector::{outcome_of_lookup, LookupError};
 use super::engine::{Engine, Refusal};
 use super::model::*;
 use super::status::{CorrectionStatus, StepStatus};
@@ -66,20 +66,9 @@ impl Engine {
                         person,
                     )
                     .await?;
-                let report = self
-                    .connector()
-                    .execute(&channel, &intended.idempotency_key, &args)
-                    .await;
-                let classified = classify(&report, |body| {
-                    self.connector().external_ref(&channel, body)
-                });
+                let outcome = self.send(&channel, &intended.idempotency_key, &args).await;
                 self.store()
-                    .settle_correction_send(
-                        id,
-                        outcome_of_call(StepStatus::Intended, classified),
-                        Durability::Durable,
-                        person,
-                    )
+                    .settle_correction_send(id, outcome, Durability::Durable, person)
                     .await?
             }
             status @ (StepStatus::Intended | StepStatus::Unknown) => {

@@ -231,7 +231,7 @@ impl Engine {
             } else {
                 self.reconcile(logged).await?
             };
-            return self.outcome_of(&settled).await;
+            return Ok(self.outcome_of(&settled, run.next_step));
         }
         if step > run.next_step {
             return Err(Refusal::StepOutOfOrder {
@@ -301,12 +301,12 @@ impl Engine {
                     &actor,
                 )
                 .await?;
-            return self.outcome_of(&held).await;
+            return Ok(self.outcome_of(&held, step + 1));
         }
         // R2: the row is committed before anything is sent.
         let logged = self.store.record_step(new, &actor).await?;
         let settled = self.execute_logged(logged, &actor).await?;
-        self.outcome_of(&settled).await
+        Ok(self.outcome_of(&settled, step + 1))
     }
 
     /// The agent says the run is done. Refused while a step is unsettled or
@@ -443,22 +443,28 @@ impl Engine {
         self.execute_logged(step, &Actor::System).await
     }
 
+    /// Sends one call whose intent is on disk and says where its row moves
+    /// from INTENDED (R4). Steps, compensations and correction sends all
+    /// go out through here.
+    pub(crate) async fn send(&self, operation: &str, key: &str, args: &Value) -> Outcome {
+        let report = self.connector.execute(operation, key, args).await;
+        let classified = classify(&report, |body| self.connector.external_ref(operation, body));
+        outcome_of_call(StepStatus::Intended, classified)
+    }
+
     /// Sends an INTENDED step and records what came back (R4). The outcome
     /// commit may be lazy when reconcile could recover it (§9).
     pub(crate) async fn execute_logged(&self, step: Step, actor: &Actor) -> Result<Step, Refusal> {
         let spec = self.spec(&step.tool)?;
         let operation = &spec.connector;
-        let report = self
-            .connector
-            .execute(operation, &step.idempotency_key, &step.args)
+        let outcome = self
+            .send(operation, &step.idempotency_key, &step.args)
             .await;
-        let classified = classify(&report, |body| self.connector.external_ref(operation, body));
         let durability = if self.connector.has_lookup(operation) {
             Durability::Lazy
         } else {
             Durability::Durable
         };
-        let outcome = outcome_of_call(StepStatus::Intended, classified);
         let settled = self
             .store
             .settle_step(step.run_id, step.step_idx, outcome, durability, actor)
@@ -550,32 +556,39 @@ impl Engine {
 
     /// Puts the run in NEEDS_ATTENTION with a "did this happen?" question.
     async fn ask_a_person(&self, step: &Step) -> Result<(), Refusal> {
-        let Some(run) = self.store.run(step.run_id).await? else {
-            return Err(Refusal::RunNotFound);
-        };
-        if run.status == RunStatus::NeedsAttention {
-            return Ok(());
-        }
         let question = format!(
             "did step {} ({}) happen? It cannot be looked up; key {}",
             step.step_idx, step.tool, step.idempotency_key
         );
-        match self
+        match self.needs_attention(step.run_id, &question).await {
+            Ok(_) => Ok(()),
+            // Terminal runs keep their status; the unknown step stays visible.
+            Err(Refusal::Store(StoreError::IllegalTransition(_))) => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Puts the run in NEEDS_ATTENTION (remembering where it was) with the
+    /// question a person must answer; already there, it stays.
+    pub(crate) async fn needs_attention(
+        &self,
+        run_id: Uuid,
+        question: &str,
+    ) -> Result<Run, Refusal> {
+        let run = self.store.run(run_id).await?.ok_or(Refusal::RunNotFound)?;
+        if run.status == RunStatus::NeedsAttention {
+            return Ok(run);
+        }
+        Ok(self
             .store
             .move_run(
-                run.id,
+                run_id,
                 run.status,
                 RunStatus::NeedsAttention,
                 &Actor::System,
-                Some(&question),
+                Some(question),
             )
-            .await
-        {
-            Ok(_) => Ok(()),
-            // Terminal runs keep their status; the unknown step stays visible.
-            Err(StoreError::IllegalTransition(_)) => Ok(()),
-            Err(err) => Err(err.into()),
-        }
+            .await?)
     }
 
     /// A person's answer to "did this happen?" (R7), recorded in the audit
@@ -721,12 +734,9 @@ impl Engine {
         Ok(step)
     }
 
-    async fn outcome_of(&self, step: &Step) -> Result<CallOutcome, Refusal> {
-        let next_step = self
-            .store
-            .run(step.run_id)
-            .await?
-            .map_or(step.step_idx + 1, |r| r.next_step);
+    /// What the agent is told about a step; `next_step` is the run's, which
+    /// the caller already knows.
+    fn outcome_of(&self, step: &Step, next_step: i64) -> CallOutcome {
         let (outcome, message) = match step.status {
             StepStatus::Confirmed | StepStatus::Compensated => (OutcomeKind::Confirmed, "done".to_owned()),
             StepStatus::Failed => (
@@ -757,7 +767,7 @@ impl Engine {
                 "a person rejected this call; it was not sent. Go on without it".to_owned(),
             ),
         };
-        Ok(CallOutcome {
+        CallOutcome {
             outcome,
             step: Some(step.step_idx),
             key: Some(step.idempotency_key.clone()),
@@ -766,7 +776,7 @@ impl Engine {
             error: step.error.clone(),
             message,
             next_step,
-        })
+        }
     }
 }
 

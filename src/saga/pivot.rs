@@ -269,31 +269,6 @@ impl Engine {
             .ok_or_else(|| corrupt_plan(run))?;
         Ok(approval.plan)
     }
-
-    pub(crate) async fn needs_attention(
-        &self,
-        run_id: Uuid,
-        question: &str,
-    ) -> Result<Run, Refusal> {
-        let run = self
-            .store()
-            .run(run_id)
-            .await?
-            .ok_or(Refusal::RunNotFound)?;
-        if run.status == RunStatus::NeedsAttention {
-            return Ok(run);
-        }
-        Ok(self
-            .store()
-            .move_run(
-                run_id,
-                run.status,
-                RunStatus::NeedsAttention,
-                &Actor::System,
-                Some(question),
-            )
-            .await?)
-    }
 }
 
 /// What a commit step reaches, for the pivot panel: its channel and how

@@ -10,7 +10,7 @@
 //! "un-sends".
 
 use super::class::{Audience, ToolClass};
-use super::connector::{classify, outcome_of_call, outcome_of_lookup, LookupError};
+use super::connector::{outcome_of_lookup, LookupError};
 use super::engine::{Engine, Refusal};
 use super::key::{compensation_key, correction_key};
 use super::model::*;
@@ -227,14 +227,7 @@ impl Engine {
                 StepStatus::Intended if unsent => {
                     attempts += 1;
                     unsent = false;
-                    let report = self
-                        .connector()
-                        .execute(&operation, &row.idempotency_key, &row.args)
-                        .await;
-                    let classified = classify(&report, |body| {
-                        self.connector().external_ref(&operation, body)
-                    });
-                    outcome_of_call(StepStatus::Intended, classified)
+                    self.send(&operation, &row.idempotency_key, &row.args).await
                 }
                 StepStatus::Intended | StepStatus::Unknown => {
                     attempts += 1;
