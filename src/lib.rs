@@ -21,6 +21,8 @@ pub mod connectors;
 #[cfg(feature = "ssr")]
 pub mod server;
 #[cfg(feature = "ssr")]
+pub mod sim;
+#[cfg(feature = "ssr")]
 pub mod store;
 
 #[cfg(feature = "hydrate")]

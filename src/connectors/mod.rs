@@ -1,8 +1,13 @@
 //! The connectors this build can reach, routed by operation name.
 //!
-//! Real connectors (Stripe, Jira, Zendesk, SMTP, Slack, generic HTTP) plug
-//! in here. Start-up refuses a tools file that names an operation no
-//! connector serves, so a call never finds out at run time.
+//! Each connector is configured in the `[connectors]` section of the tools
+//! file (base URL, the environment variables holding credentials) and serves
+//! the operations tools name (`stripe.authorize`, `jira.close` …). Start-up
+//! refuses a tools file that names an operation no connector serves, so a
+//! call never finds out at run time.
+
+pub mod http;
+pub mod wire;
 
 use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
 use crate::saga::registry::Registry;
@@ -29,6 +34,43 @@ impl ConnectorSet {
                 .insert((*operation).to_owned(), connector.clone());
         }
         self
+    }
+
+    /// Builds every connector the `[connectors]` section configures. All
+    /// mistakes are reported at once, each naming the connector and field.
+    pub fn from_settings(settings: &toml::Table, wire: &wire::Wire) -> Result<Self, Vec<String>> {
+        let mut set = ConnectorSet::new();
+        let mut mistakes = Vec::new();
+        for (name, value) in settings {
+            let Some(table) = value.as_table() else {
+                mistakes.push(format!("connector `{name}`: expected a table of settings"));
+                continue;
+            };
+            let built: Result<(Vec<String>, Arc<dyn Connector>), Vec<String>> = match name.as_str() {
+                "http" => http::HttpConnector::from_settings(table, wire.clone())
+                    .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
+                other => Err(vec![format!(
+                    "connector `{other}` is not one this build has (stripe, jira, zendesk, slack, smtp, http)"
+                )]),
+            };
+            match built {
+                Ok((operations, connector)) => {
+                    let names: Vec<&str> = operations.iter().map(String::as_str).collect();
+                    set = set.serve(&names, connector);
+                }
+                Err(found) => mistakes.extend(found),
+            }
+        }
+        if mistakes.is_empty() {
+            Ok(set)
+        } else {
+            Err(mistakes)
+        }
+    }
+
+    /// The operations this set serves.
+    pub fn operations(&self) -> impl Iterator<Item = &str> {
+        self.routes.keys().map(String::as_str)
     }
 
     /// The operations the tools file names that nothing here serves.

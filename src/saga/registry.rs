@@ -259,11 +259,16 @@ pub enum RegistryError {
 struct ToolsFile {
     #[serde(default)]
     tool: Vec<toml::Value>,
+    /// Where each connector reaches its system and which environment
+    /// variables hold its credentials; read by the connectors themselves.
+    #[serde(default)]
+    connectors: toml::Table,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Registry {
     tools: BTreeMap<String, ToolSpec>,
+    connectors: toml::Table,
 }
 
 impl Registry {
@@ -323,7 +328,10 @@ impl Registry {
             }
         }
         if mistakes.is_empty() {
-            Ok(Registry { tools })
+            Ok(Registry {
+                tools,
+                connectors: file.connectors,
+            })
         } else {
             Err(RegistryError::Mistakes(mistakes))
         }
@@ -331,6 +339,11 @@ impl Registry {
 
     pub fn get(&self, name: &str) -> Option<&ToolSpec> {
         self.tools.get(name)
+    }
+
+    /// The `[connectors]` section of the tools file.
+    pub fn connector_settings(&self) -> &toml::Table {
+        &self.connectors
     }
 
     pub fn tools(&self) -> impl Iterator<Item = &ToolSpec> {

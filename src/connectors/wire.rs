@@ -1,0 +1,176 @@
+//! The HTTP client every connector uses, and the translation of what
+//! happened on the socket into a [`CallReport`] (the facts R4 judges).
+
+use crate::saga::connector::{CallReport, LookupError};
+use serde_json::Value;
+use std::time::Duration;
+
+/// Explicit limits for every request a connector sends.
+#[derive(Clone, Debug)]
+pub struct Timeouts {
+    /// Establishing the connection. A request that could not connect never
+    /// left, so it is `NotSent`.
+    pub connect: Duration,
+    /// The whole request, answer included. Past it the call is `TimedOut`:
+    /// unknown, never failed.
+    pub request: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(3),
+            request: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A client with explicit timeouts, shared by the connectors of one harness.
+#[derive(Clone, Debug)]
+pub struct Wire {
+    client: reqwest::Client,
+}
+
+impl Wire {
+    pub fn new(timeouts: &Timeouts) -> Self {
+        let client = reqwest::Client::builder()
+            .connect_timeout(timeouts.connect)
+            .timeout(timeouts.request)
+            .user_agent(concat!("saga-harness/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .expect("a client with static settings builds");
+        Wire { client }
+    }
+
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    /// Sends a request that may have an effect and reports what happened.
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> CallReport {
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(err) => return report_of_error(&err),
+        };
+        let status = response.status().as_u16();
+        match response.bytes().await {
+            Ok(bytes) => CallReport::Answered {
+                status,
+                body: serde_json::from_slice(&bytes).ok(),
+                idempotency_conflict: false,
+            },
+            // The answer started and broke off: the request had arrived.
+            Err(err) if err.is_timeout() => CallReport::TimedOut,
+            Err(_) => CallReport::ResetAfterSend,
+        }
+    }
+
+    /// Sends a request that only reads (a lookup): any trouble means the
+    /// system could not be asked this time.
+    pub async fn read(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<(u16, Option<Value>), LookupError> {
+        let response = request
+            .send()
+            .await
+            .map_err(|e| LookupError::Unavailable(describe(&e)))?;
+        let status = response.status().as_u16();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| LookupError::Unavailable(describe(&e)))?;
+        Ok((status, serde_json::from_slice(&bytes).ok()))
+    }
+
+    /// Reads, and insists on a 2xx JSON answer.
+    pub async fn read_ok(&self, request: reqwest::RequestBuilder) -> Result<Value, LookupError> {
+        match self.read(request).await? {
+            (200..=299, Some(body)) => Ok(body),
+            (status, _) => Err(LookupError::Unavailable(format!(
+                "the lookup answered HTTP {status}"
+            ))),
+        }
+    }
+}
+
+fn report_of_error(err: &reqwest::Error) -> CallReport {
+    if err.is_connect() || err.is_builder() {
+        // Could not connect, or the request could not even be built: it
+        // never reached the system.
+        CallReport::NotSent {
+            reason: describe(err),
+        }
+    } else if err.is_timeout() {
+        CallReport::TimedOut
+    } else {
+        CallReport::ResetAfterSend
+    }
+}
+
+/// An error in words, without the URL (which may carry a token in a
+/// query string).
+fn describe(err: &reqwest::Error) -> String {
+    let kind = if err.is_timeout() {
+        "timed out"
+    } else if err.is_connect() {
+        "could not connect"
+    } else {
+        "the connection failed"
+    };
+    let mut source = std::error::Error::source(err);
+    let mut detail = String::new();
+    while let Some(cause) = source {
+        detail = cause.to_string();
+        source = cause.source();
+    }
+    if detail.is_empty() {
+        kind.to_owned()
+    } else {
+        format!("{kind}: {detail}")
+    }
+}
+
+/// A credential named in the tools file, read from the environment.
+pub fn secret_from_env(connector: &str, field: &str, variable: &str) -> Result<String, String> {
+    match std::env::var(variable) {
+        Ok(value) if !value.trim().is_empty() => Ok(value),
+        _ => Err(format!(
+            "connector `{connector}`, field `{field}`: the environment variable {variable} is not set"
+        )),
+    }
+}
+
+/// Reads a string field of a connector's settings.
+pub fn setting<'a>(
+    table: &'a toml::Table,
+    connector: &str,
+    field: &str,
+) -> Result<&'a str, String> {
+    match table.get(field) {
+        Some(toml::Value::String(text)) if !text.trim().is_empty() => Ok(text),
+        Some(_) => Err(format!(
+            "connector `{connector}`, field `{field}`: must be a non-empty string"
+        )),
+        None => Err(format!(
+            "connector `{connector}`: field `{field}` is missing"
+        )),
+    }
+}
+
+/// A base URL without its trailing slash, checked to be http(s).
+pub fn base_url(table: &toml::Table, connector: &str) -> Result<String, String> {
+    check_base_url(connector, setting(table, connector, "base_url")?)
+}
+
+/// `url` without its trailing slash, checked to be http(s).
+pub fn check_base_url(connector: &str, url: &str) -> Result<String, String> {
+    match reqwest::Url::parse(url) {
+        Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => {
+            Ok(url.trim_end_matches('/').to_owned())
+        }
+        _ => Err(format!(
+            "connector `{connector}`, field `base_url`: {url:?} is not an http(s) URL"
+        )),
+    }
+}

@@ -1,0 +1,375 @@
+//! Simulators of the systems the support tools touch: real HTTP servers on
+//! loopback that speak the real APIs' paths, fields and error shapes, with
+//! fault injection and a ledger of what really happened.
+//!
+//! The ledger is the simulator's own record, kept apart from the saga log:
+//! tests and the demo read it to check that an effect happened once, that a
+//! compensation landed, that no email left.
+//!
+//! Every simulator also serves, under `/_sim`:
+//! - `GET /_sim/ledger` — every effect, with its key;
+//! - `POST /_sim/faults` — inject a [`FaultRule`];
+//! - `DELETE /_sim/faults` — clear all faults.
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+
+/// One thing that really happened in a simulated system.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Effect {
+    /// `stripe`, `jira`, `zendesk`, `slack`, `smtp`, `warehouse`, `backend`.
+    pub system: String,
+    /// What happened: `payment_intent.created`, `refund.created`,
+    /// `issue.transitioned`, `email.received` …
+    pub action: String,
+    /// The idempotency / saga key the request carried, when it carried one.
+    pub key: Option<String>,
+    /// The id of the object affected (`pi_…`, `PROJ-7`, a Message-ID).
+    pub object: String,
+    pub detail: Value,
+}
+
+/// The record of effects, shared between a simulator and whoever reads it.
+#[derive(Clone, Default)]
+pub struct Ledger(Arc<Mutex<Vec<Effect>>>);
+
+impl Ledger {
+    pub fn record(
+        &self,
+        system: &str,
+        action: &str,
+        key: Option<&str>,
+        object: &str,
+        detail: Value,
+    ) {
+        self.0.lock().expect("ledger lock").push(Effect {
+            system: system.to_owned(),
+            action: action.to_owned(),
+            key: key.map(str::to_owned),
+            object: object.to_owned(),
+            detail,
+        });
+    }
+
+    pub fn effects(&self) -> Vec<Effect> {
+        self.0.lock().expect("ledger lock").clone()
+    }
+
+    /// The effects with this action.
+    pub fn of(&self, action: &str) -> Vec<Effect> {
+        self.effects()
+            .into_iter()
+            .filter(|e| e.action == action)
+            .collect()
+    }
+}
+
+/// What a simulator does to a request that matches a fault rule.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Fault {
+    /// The effect happens, then the client gets a gateway's 504 page.
+    CommitThen504,
+    /// The effect happens, then the connection drops before the answer.
+    ResetAfterCommit,
+    /// The effect happens, then the client gets 200 with an empty body.
+    CommitThenBlank,
+    /// The effect happens, and the answer comes `ms` later.
+    Delay { ms: u64 },
+    /// Nothing happens; the client gets this status in the system's own
+    /// error shape.
+    Reject { status: u16, message: String },
+    /// Nothing happens; the client gets 429 with `Retry-After`.
+    RateLimit,
+}
+
+/// Applies `fault` to the next `times` requests whose method and path match.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FaultRule {
+    /// `POST`, `GET` …; any method when absent.
+    #[serde(default)]
+    pub method: Option<String>,
+    /// Matches paths that start with it; `*` inside matches one segment
+    /// (`/v1/payment_intents/*/capture`).
+    pub path: String,
+    pub fault: Fault,
+    #[serde(default = "one")]
+    pub times: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl FaultRule {
+    pub fn new(method: &str, path: &str, fault: Fault) -> Self {
+        FaultRule {
+            method: Some(method.to_owned()),
+            path: path.to_owned(),
+            fault,
+            times: 1,
+        }
+    }
+
+    pub fn times(mut self, times: u32) -> Self {
+        self.times = times;
+        self
+    }
+
+    fn matches(&self, method: &Method, path: &str) -> bool {
+        if let Some(wanted) = &self.method {
+            if !wanted.eq_ignore_ascii_case(method.as_str()) {
+                return false;
+            }
+        }
+        let pattern: Vec<&str> = self.path.trim_end_matches('/').split('/').collect();
+        let actual: Vec<&str> = path.split('/').collect();
+        actual.len() >= pattern.len()
+            && pattern
+                .iter()
+                .zip(&actual)
+                .all(|(p, a)| *p == "*" || p == a)
+    }
+}
+
+/// Standing conditions and one-shot fault rules of one simulator.
+#[derive(Clone, Default)]
+pub struct Faults(Arc<Mutex<FaultState>>);
+
+#[derive(Default)]
+struct FaultState {
+    rules: Vec<FaultRule>,
+    search_lag: Duration,
+}
+
+impl Faults {
+    pub fn inject(&self, rule: FaultRule) {
+        self.0.lock().expect("faults lock").rules.push(rule);
+    }
+
+    pub fn clear(&self) {
+        let mut state = self.0.lock().expect("faults lock");
+        state.rules.clear();
+        state.search_lag = Duration::ZERO;
+    }
+
+    /// How long a new object stays invisible to search (Stripe's Search API
+    /// is eventually consistent; so is Jira's JQL index).
+    pub fn set_search_lag(&self, lag: Duration) {
+        self.0.lock().expect("faults lock").search_lag = lag;
+    }
+
+    pub fn search_lag(&self) -> Duration {
+        self.0.lock().expect("faults lock").search_lag
+    }
+
+    /// The fault for this request, used up by one.
+    fn take(&self, method: &Method, path: &str) -> Option<Fault> {
+        let mut state = self.0.lock().expect("faults lock");
+        let position = state
+            .rules
+            .iter()
+            .position(|rule| rule.times > 0 && rule.matches(method, path))?;
+        let rule = &mut state.rules[position];
+        rule.times -= 1;
+        let fault = rule.fault.clone();
+        if rule.times == 0 {
+            state.rules.remove(position);
+        }
+        Some(fault)
+    }
+}
+
+/// How a system writes an error: each simulator answers faults in the shape
+/// the real API uses, so the connector meets what it would meet in life.
+pub type ErrorShape = fn(StatusCode, &str) -> Response;
+
+/// The pieces every simulator shares.
+#[derive(Clone, Default)]
+pub struct SimState {
+    pub ledger: Ledger,
+    pub faults: Faults,
+    /// When the simulator started; search lag is measured against it.
+    pub clock: Clock,
+}
+
+/// Milliseconds since the simulator started (monotonic).
+#[derive(Clone)]
+pub struct Clock(Instant);
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock(Instant::now())
+    }
+}
+
+impl Clock {
+    pub fn now(&self) -> Duration {
+        self.0.elapsed()
+    }
+}
+
+/// Wraps a simulator's routes with the fault layer and the `/_sim` routes.
+pub fn mount(routes: Router, sim: &SimState, shape: ErrorShape) -> Router {
+    let control = Router::new()
+        .route("/_sim/ledger", get(ledger))
+        .route("/_sim/faults", axum::routing::post(inject).delete(clear))
+        .route("/_sim/search_lag", axum::routing::post(search_lag))
+        .with_state(sim.clone());
+    routes
+        .layer(middleware::from_fn_with_state(
+            (sim.faults.clone(), shape),
+            apply_fault,
+        ))
+        .merge(control)
+}
+
+async fn ledger(State(sim): State<SimState>) -> Json<Vec<Effect>> {
+    Json(sim.ledger.effects())
+}
+
+async fn inject(State(sim): State<SimState>, Json(rule): Json<FaultRule>) -> StatusCode {
+    sim.faults.inject(rule);
+    StatusCode::NO_CONTENT
+}
+
+async fn clear(State(sim): State<SimState>) -> StatusCode {
+    sim.faults.clear();
+    StatusCode::NO_CONTENT
+}
+
+#[derive(Deserialize)]
+struct Lag {
+    ms: u64,
+}
+
+async fn search_lag(State(sim): State<SimState>, Json(lag): Json<Lag>) -> StatusCode {
+    sim.faults.set_search_lag(Duration::from_millis(lag.ms));
+    StatusCode::NO_CONTENT
+}
+
+async fn apply_fault(
+    State((faults, shape)): State<(Faults, ErrorShape)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(fault) = faults.take(request.method(), request.uri().path()) else {
+        return next.run(request).await;
+    };
+    match fault {
+        Fault::Reject { status, message } => shape(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
+            &message,
+        ),
+        Fault::RateLimit => {
+            let mut response = shape(StatusCode::TOO_MANY_REQUESTS, "Too many requests");
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            response
+        }
+        Fault::CommitThen504 => {
+            let _ = next.run(request).await;
+            (
+                StatusCode::GATEWAY_TIMEOUT,
+                [(header::CONTENT_TYPE, "text/html")],
+                "<html><body><h1>504 Gateway Time-out</h1></body></html>",
+            )
+                .into_response()
+        }
+        Fault::CommitThenBlank => {
+            let _ = next.run(request).await;
+            (StatusCode::OK, [(header::CONTENT_TYPE, "text/html")], "").into_response()
+        }
+        Fault::ResetAfterCommit => {
+            let _ = next.run(request).await;
+            // A body that fails makes the server abort the connection
+            // before an answer is complete.
+            let broken = futures::stream::once(async {
+                Err::<Bytes, std::io::Error>(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "simulated reset after commit",
+                ))
+            });
+            Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::CONTENT_LENGTH, "64")
+                .body(Body::from_stream(broken))
+                .expect("static response")
+        }
+        Fault::Delay { ms } => {
+            let response = next.run(request).await;
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            response
+        }
+    }
+}
+
+/// A simulator serving on a loopback port until dropped.
+pub struct Running {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serves `router` on `addr` (port 0 picks a free port).
+pub async fn serve(router: Router, addr: SocketAddr) -> std::io::Result<Running> {
+    let listener = TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok(Running { addr, task })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rule_matches_by_method_and_path_pattern() {
+        let rule = FaultRule::new(
+            "POST",
+            "/v1/payment_intents/*/capture",
+            Fault::CommitThen504,
+        );
+        assert!(rule.matches(&Method::POST, "/v1/payment_intents/pi_1/capture"));
+        assert!(!rule.matches(&Method::GET, "/v1/payment_intents/pi_1/capture"));
+        assert!(!rule.matches(&Method::POST, "/v1/payment_intents/pi_1"));
+        let prefix = FaultRule::new("POST", "/v1/payment_intents", Fault::RateLimit);
+        assert!(prefix.matches(&Method::POST, "/v1/payment_intents"));
+        assert!(prefix.matches(&Method::POST, "/v1/payment_intents/pi_1/cancel"));
+    }
+
+    #[test]
+    fn a_rule_is_used_up_after_its_times() {
+        let faults = Faults::default();
+        faults.inject(FaultRule::new("GET", "/x", Fault::RateLimit).times(2));
+        assert!(faults.take(&Method::GET, "/x").is_some());
+        assert!(faults.take(&Method::GET, "/x").is_some());
+        assert!(faults.take(&Method::GET, "/x").is_none());
+    }
+}
