@@ -83,7 +83,7 @@ impl From<Refusal> for ApiError {
             Refusal::UnknownTool(_) | Refusal::StepRequired { .. } | Refusal::InvalidPlan(_) => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
-            Refusal::GatedTool(_) => StatusCode::FORBIDDEN,
+            Refusal::GatedTool(_) | Refusal::WayBackOnly(_) => StatusCode::FORBIDDEN,
             Refusal::StepMismatch { .. }
             | Refusal::StepOutOfOrder { .. }
             | Refusal::StepUnresolved { .. }
@@ -356,6 +356,7 @@ async fn tools(State(state): State<AppState>, Agent(_): Agent) -> Json<Value> {
                 "class": spec.class,
                 "audience": spec.audience,
                 "gated": spec.gated,
+                "way_back_only": spec.way_back_only,
                 "needs_step": spec.class != crate::saga::class::ToolClass::Pure,
             })
         })

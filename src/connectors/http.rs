@@ -19,6 +19,7 @@
 //! found = "/data/0"                               # present = the effect exists
 //! ref = "/data/0/id"
 //! failed = { pointer = "/data/0/status", equals = "failed" }
+//! # found_when = { pointer = "/data/0/status", equals = "cancelled" }
 //! ```
 //!
 //! Templates take `{key}` and `{args.FIELD}`; values put into a path are
@@ -39,8 +40,10 @@ use std::collections::BTreeMap;
 struct ServiceSettings {
     base_url: String,
     token_env: Option<String>,
+    /// Parsed one by one, so a mistake in one operation does not hide the
+    /// others'.
     #[serde(default)]
-    operations: BTreeMap<String, OperationSettings>,
+    operations: BTreeMap<String, toml::Value>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -66,14 +69,24 @@ struct LookupSettings {
     found: String,
     #[serde(rename = "ref")]
     reference: String,
-    failed: Option<FailedWhen>,
+    /// The match counts only when this field has this value (a delete's
+    /// lookup finds the record and checks it says deleted).
+    found_when: Option<FieldEquals>,
+    failed: Option<FieldEquals>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FailedWhen {
+struct FieldEquals {
     pointer: String,
     equals: toml::Value,
+}
+
+impl FieldEquals {
+    fn into_pair(self) -> (String, Value) {
+        let equals = serde_json::to_value(self.equals).unwrap_or(Value::Null);
+        (self.pointer, equals)
+    }
 }
 
 fn get() -> String {
@@ -98,6 +111,7 @@ struct LookupPlan {
     path: String,
     found: String,
     reference: String,
+    found_when: Option<(String, Value)>,
     failed: Option<(String, Value)>,
 }
 
@@ -143,6 +157,13 @@ impl HttpConnector {
             }
             for (name, op) in parsed.operations {
                 let full = format!("{service}.{name}");
+                let op: OperationSettings = match op.try_into() {
+                    Ok(op) => op,
+                    Err(e) => {
+                        mistakes.push(format!("operation `{full}`: {}", e.to_string().trim()));
+                        continue;
+                    }
+                };
                 match operation(&full, op, &base_url, &token) {
                     Ok(op) => {
                         operations.insert(full, op);
@@ -214,9 +235,12 @@ fn operation(
         if let Some(failed) = &lookup.failed {
             check_pointer(name, "lookup.failed.pointer", &failed.pointer, &mut mistakes);
         }
-        if !lookup.path.contains("{key}") {
+        if let Some(found_when) = &lookup.found_when {
+            check_pointer(name, "lookup.found_when.pointer", &found_when.pointer, &mut mistakes);
+        }
+        if !lookup.path.contains("{key}") && !lookup.path.contains("{args.") {
             mistakes.push(format!(
-                "operation `{name}`, field `lookup.path`: must contain {{key}}; a lookup finds the effect by its idempotency key"
+                "operation `{name}`, field `lookup.path`: must contain {{key}} (or, for a way back, the original step's key as {{args.FIELD}}); a lookup finds the effect by its key"
             ));
         }
         (
@@ -230,12 +254,8 @@ fn operation(
             path: lookup.path,
             found: lookup.found,
             reference: lookup.reference,
-            failed: lookup.failed.map(|f| {
-                (
-                    f.pointer,
-                    serde_json::to_value(f.equals).unwrap_or(Value::Null),
-                )
-            }),
+            found_when: lookup.found_when.map(FieldEquals::into_pair),
+            failed: lookup.failed.map(FieldEquals::into_pair),
         }),
         Some((Err(e), _)) => {
             mistakes.push(e);
@@ -362,6 +382,11 @@ impl Connector for HttpConnector {
         let Some(found) = body.pointer(&plan.found).filter(|v| !v.is_null()) else {
             return Ok(Lookup::NotFound);
         };
+        if let Some((pointer, equals)) = &plan.found_when {
+            if body.pointer(pointer) != Some(equals) {
+                return Ok(Lookup::NotFound);
+            }
+        }
         if let Some((pointer, equals)) = &plan.failed {
             if body.pointer(pointer) == Some(equals) {
                 return Ok(Lookup::FoundFailed {

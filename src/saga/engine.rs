@@ -79,6 +79,8 @@ pub enum Refusal {
     RunClosed { status: RunStatus },
     #[error("{0} runs only as a commit step of an approved pivot")]
     GatedTool(String),
+    #[error("{0} only runs to undo another step; the harness calls it during an unwind")]
+    WayBackOnly(String),
     #[error("the pivot plan is refused: {0}")]
     InvalidPlan(String),
     #[error("the run still has open effects: {0}")]
@@ -100,6 +102,7 @@ impl Refusal {
             Refusal::RunPastPivot => "run_past_pivot",
             Refusal::RunClosed { .. } => "run_closed",
             Refusal::GatedTool(_) => "gated_tool",
+            Refusal::WayBackOnly(_) => "way_back_only",
             Refusal::InvalidPlan(_) => "invalid_plan",
             Refusal::RunHasOpenEffects(_) => "run_has_open_effects",
             Refusal::Store(_) => "internal",
@@ -199,6 +202,9 @@ impl Engine {
             .filter(|r| r.agent == agent)
             .ok_or(Refusal::RunNotFound)?;
         let spec = self.spec(tool)?;
+        if spec.way_back_only {
+            return Err(Refusal::WayBackOnly(tool.to_owned()));
+        }
         if spec.class == ToolClass::Pure {
             return self.call_pure(&run, spec, &args).await;
         }

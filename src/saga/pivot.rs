@@ -62,6 +62,9 @@ impl Engine {
         let mut planned = Vec::with_capacity(commit.len());
         for (i, call) in commit.iter().enumerate() {
             let spec = self.spec(&call.tool)?;
+            if spec.way_back_only {
+                return Err(Refusal::WayBackOnly(call.tool.clone()));
+            }
             if spec.class == ToolClass::Pure {
                 return Err(Refusal::InvalidPlan(format!(
                     "commit step {} ({}) is pure: call it directly, it needs no approval",

@@ -57,6 +57,10 @@ pub struct ToolSpec {
     /// Runs only as a commit step of an approved pivot (R9).
     #[serde(default)]
     pub gated: bool,
+    /// Runs only as another tool's undo or compensation, never as an
+    /// agent's step, so it needs no way back of its own.
+    #[serde(default)]
+    pub way_back_only: bool,
     /// How long to wait before looking a key up a second time (R7).
     #[serde(default = "default_settle_ms")]
     pub settle_ms: u64,
@@ -377,6 +381,7 @@ fn spec_mistakes(spec: &ToolSpec) -> Vec<RegistryMistake> {
     }
     match spec.class {
         ToolClass::Pure => {}
+        _ if spec.way_back_only => {}
         ToolClass::Reversible if spec.undo.is_none() => {
             say("undo", "missing; a reversible tool declares its undo (delete the draft, cancel the authorisation)")
         }
@@ -404,7 +409,8 @@ fn spec_mistakes(spec: &ToolSpec) -> Vec<RegistryMistake> {
             .audience_when
             .iter()
             .any(|rule| rule.audience != Audience::Internal);
-    let undoable = matches!(spec.class, ToolClass::Reversible | ToolClass::Compensatable);
+    let undoable = matches!(spec.class, ToolClass::Reversible | ToolClass::Compensatable)
+        && !spec.way_back_only;
     match &spec.correction {
         None if undoable && may_reach_outside => say(
             "correction",
@@ -414,6 +420,12 @@ fn spec_mistakes(spec: &ToolSpec) -> Vec<RegistryMistake> {
             say("correction.via", "missing; name the connector operation that sends this correction")
         }
         _ => {}
+    }
+    if spec.way_back_only && (spec.gated || spec.class == ToolClass::Pure) {
+        say(
+            "way_back_only",
+            "only a tool with an effect, not gated, can be reserved for undoing others",
+        );
     }
     if spec.gated && spec.class != ToolClass::Irreversible {
         say(
@@ -657,5 +669,48 @@ mod tests {
             Registry::from_toml("[[tool"),
             Err(RegistryError::Syntax(_))
         ));
+    }
+
+    #[test]
+    fn r1_a_way_back_only_tool_needs_no_way_back_of_its_own() {
+        let registry = Registry::from_toml(
+            r#"
+            [[tool]]
+            name = "cancel_authorization"
+            class = "compensatable"
+            connector = "stripe.cancel"
+            way_back_only = true
+            "#,
+        )
+        .unwrap();
+        assert!(registry.get("cancel_authorization").unwrap().way_back_only);
+        let err = Registry::from_toml(
+            r#"
+            [[tool]]
+            name = "announce"
+            class = "irreversible"
+            connector = "smtp.send"
+            gated = true
+            way_back_only = true
+            correction = { template = "x", recipients = ["y"] }
+            "#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("field `way_back_only`"), "{err}");
+    }
+
+    #[test]
+    fn the_connectors_section_is_kept_for_the_connectors() {
+        let registry = Registry::from_toml(
+            r#"
+            [connectors.stripe]
+            base_url = "http://127.0.0.1:4101"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            registry.connector_settings()["stripe"]["base_url"].as_str(),
+            Some("http://127.0.0.1:4101")
+        );
     }
 }

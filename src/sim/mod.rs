@@ -11,6 +11,9 @@
 //! - `POST /_sim/faults` — inject a [`FaultRule`];
 //! - `DELETE /_sim/faults` — clear all faults.
 
+pub mod orders;
+pub mod warehouse;
+
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, Method, StatusCode};
@@ -372,4 +375,42 @@ mod tests {
         assert!(faults.take(&Method::GET, "/x").is_some());
         assert!(faults.take(&Method::GET, "/x").is_none());
     }
+}
+
+/// What an idempotency key was first used for, so a retry replays the first
+/// answer instead of acting twice (how Stripe, Zendesk and most internal
+/// APIs with an `Idempotency-Key` header behave).
+#[derive(Clone, Default)]
+pub struct Replays(Arc<Mutex<std::collections::HashMap<String, (Value, StatusCode, Value)>>>);
+
+/// What to do with a request carrying an idempotency key.
+pub enum Replay {
+    /// First use: act, then [`Replays::remember`] the answer.
+    Fresh,
+    /// Seen with the same parameters: answer this again.
+    Again(StatusCode, Value),
+    /// Seen with other parameters.
+    Conflict,
+}
+
+impl Replays {
+    pub fn check(&self, key: &str, params: &Value) -> Replay {
+        match self.0.lock().expect("replays lock").get(key) {
+            None => Replay::Fresh,
+            Some((first, status, body)) if first == params => Replay::Again(*status, body.clone()),
+            Some(_) => Replay::Conflict,
+        }
+    }
+
+    pub fn remember(&self, key: &str, params: &Value, status: StatusCode, body: &Value) {
+        self.0
+            .lock()
+            .expect("replays lock")
+            .insert(key.to_owned(), (params.clone(), status, body.clone()));
+    }
+}
+
+/// Whether an object stamped at `created` is old enough to be searchable.
+pub fn searchable(sim: &SimState, created: Duration) -> bool {
+    sim.clock.now().saturating_sub(created) >= sim.faults.search_lag()
 }
