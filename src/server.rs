@@ -3,6 +3,7 @@
 //! until a shutdown signal. Tests build it on port 0.
 
 use crate::config::ServeArgs;
+use crate::connectors::wire::{Timeouts, Wire};
 use crate::connectors::ConnectorSet;
 use crate::saga::engine::Engine;
 use crate::saga::registry::{Registry, RegistryError};
@@ -62,6 +63,11 @@ pub enum ServerError {
     },
     #[error("the tools file {path} names operations this build cannot perform:\n  - {}", .missing.join("\n  - "))]
     NoConnector { path: PathBuf, missing: Vec<String> },
+    #[error("the tools file {path} configures its connectors wrongly:\n  - {}", .mistakes.join("\n  - "))]
+    Connectors {
+        path: PathBuf,
+        mistakes: Vec<String>,
+    },
     #[error("preparing the session table: {0}")]
     Sessions(String),
     #[error("resuming from the saga log: {0}")]
@@ -77,32 +83,33 @@ pub struct Application {
 }
 
 impl Application {
-    /// Builds the server with the connectors this build ships.
+    /// Builds the server with the connectors the tools file configures.
     pub async fn build(args: ServeArgs) -> Result<Self, ServerError> {
-        Self::build_with(args, ConnectorSet::new()).await
+        let registry = load_registry(&args)?;
+        let wire = Wire::new(&Timeouts::default());
+        let connectors = ConnectorSet::from_settings(registry.connector_settings(), &wire)
+            .map_err(|mistakes| ServerError::Connectors {
+                path: args.tools.clone().unwrap_or_default(),
+                mistakes,
+            })?;
+        Self::build_over(args, registry, connectors).await
     }
 
-    /// Builds the server over the given connectors (tests pass simulated
+    /// Builds the server over the given connectors (tests pass in-process
     /// systems here).
     pub async fn build_with(
         args: ServeArgs,
         connectors: ConnectorSet,
     ) -> Result<Self, ServerError> {
-        let registry = match &args.tools {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| {
-                    ServerError::ToolsUnreadable {
-                        path: path.clone(),
-                        source,
-                    }
-                })?;
-                Registry::from_toml(&text).map_err(|source| ServerError::Tools {
-                    path: path.clone(),
-                    source,
-                })?
-            }
-            None => Registry::default(),
-        };
+        let registry = load_registry(&args)?;
+        Self::build_over(args, registry, connectors).await
+    }
+
+    async fn build_over(
+        args: ServeArgs,
+        registry: Registry,
+        connectors: ConnectorSet,
+    ) -> Result<Self, ServerError> {
         let missing = connectors.missing_for(&registry);
         if !missing.is_empty() {
             return Err(ServerError::NoConnector {
@@ -188,6 +195,21 @@ impl Application {
     pub async fn serve_until_signal(self) -> anyhow::Result<()> {
         Ok(self.serve(shutdown_signal()).await?)
     }
+}
+
+/// The tools file named by `--tools`, validated; none means no tools.
+fn load_registry(args: &ServeArgs) -> Result<Registry, ServerError> {
+    let Some(path) = &args.tools else {
+        return Ok(Registry::default());
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| ServerError::ToolsUnreadable {
+        path: path.clone(),
+        source,
+    })?;
+    Registry::from_toml(&text).map_err(|source| ServerError::Tools {
+        path: path.clone(),
+        source,
+    })
 }
 
 /// Leptos settings: cargo-leptos sets these at build time and the

@@ -383,6 +383,34 @@ async fn r9_gated_tools_are_refused_outside_a_pivot(s: Setup) {
     assert_eq!(s.store.run(run.id).await.unwrap().unwrap().next_step, 0);
 }
 
+async fn r6_a_tool_reserved_for_ways_back_is_not_an_agent_step(s: Setup) {
+    let run = s.run().await;
+    let err = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "release_hold",
+            json!({"intent_key": "someone-elses-key"}),
+            Some(0),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "way_back_only");
+    let plan = vec![PlannedCall {
+        tool: "release_hold".into(),
+        args: json!({"intent_key": "k"}),
+    }];
+    let err = s
+        .engine
+        .propose_pivot(AGENT, run.id, "release", plan)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "way_back_only");
+    assert!(s.world.effects("payments.cancel").is_empty());
+    assert_eq!(s.store.run(run.id).await.unwrap().unwrap().next_step, 0);
+}
+
 async fn r7_lookup_lag_is_waited_out_once(s: Setup) {
     let run = s.run().await;
     s.world.fail_next("tickets.create", Fault::EffectThenBlank);
@@ -1419,6 +1447,7 @@ common::on_both_backends!(
     r6_the_compensation_is_written_before_the_call_and_names_the_key,
     r9_irreversible_calls_before_the_pivot_are_held_and_counted,
     r9_gated_tools_are_refused_outside_a_pivot,
+    r6_a_tool_reserved_for_ways_back_is_not_an_agent_step,
     r7_lookup_lag_is_waited_out_once,
     r7_not_found_twice_is_not_executed_and_the_retry_uses_the_key,
     r7_without_a_lookup_a_person_answers,

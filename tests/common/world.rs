@@ -417,6 +417,12 @@ settle_ms = 0
 compensation = { tool = "authorize_card", args = {} }
 
 [[tool]]
+name = "release_hold"
+class = "compensatable"
+connector = "payments.cancel"
+way_back_only = true
+
+[[tool]]
 name = "create_ticket"
 class = "compensatable"
 connector = "tickets.create"
