@@ -92,3 +92,13 @@ setup_postgres() {
     | as_root su postgres -c "psql -q" >/dev/null 2>&1 || true
   export SAGA_TEST_POSTGRES_URL="postgres://saga_test:saga_test@127.0.0.1:5432/postgres"
 }
+
+# Python tools the tests drive: a real SMTP server (aiosmtpd) for the email
+# connector, and an OpenAPI 3 validator for the API document.
+setup_python_tools() {
+  if ! python3 -c "import aiosmtpd, openapi_spec_validator" >/dev/null 2>&1; then
+    say "installing aiosmtpd and openapi-spec-validator (PyPI)"
+    python3 -m pip install --quiet --disable-pip-version-check \
+      "aiosmtpd==1.4.6" "openapi-spec-validator==0.9.0"
+  fi
+}

@@ -9,6 +9,7 @@ source scripts/setup.sh
 setup_build_tools
 setup_browser
 setup_postgres
+setup_python_tools
 
 # The same flags cargo-leptos uses for dev builds, so the tests, clippy and
 # the app share one set of compiled dependencies.

@@ -57,6 +57,18 @@ pub fn new_api_token() -> String {
     token
 }
 
+/// A password for a generated login (the demo's admin): 16 characters from
+/// an alphabet without look-alikes, about 90 bits.
+pub fn new_password() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789";
+    let mut bytes = [0u8; 16];
+    OsRng.fill_bytes(&mut bytes);
+    bytes
+        .iter()
+        .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
+        .collect()
+}
+
 /// What the database keeps of a token.
 pub fn token_hash(token: &str) -> String {
     let digest = Sha256::digest(token.as_bytes());

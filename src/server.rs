@@ -92,7 +92,7 @@ impl Application {
                 path: args.tools.clone().unwrap_or_default(),
                 mistakes,
             })?;
-        Self::build_over(args, registry, connectors).await
+        Self::build_from(args, registry, connectors).await
     }
 
     /// Builds the server over the given connectors (tests pass in-process
@@ -102,10 +102,12 @@ impl Application {
         connectors: ConnectorSet,
     ) -> Result<Self, ServerError> {
         let registry = load_registry(&args)?;
-        Self::build_over(args, registry, connectors).await
+        Self::build_from(args, registry, connectors).await
     }
 
-    async fn build_over(
+    /// Builds the server over a registry and connectors made elsewhere (the
+    /// demo points the shipped tools file at its simulators).
+    pub async fn build_from(
         args: ServeArgs,
         registry: Registry,
         connectors: ConnectorSet,

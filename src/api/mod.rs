@@ -14,28 +14,93 @@ use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Reque
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
+use utoipa::{OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
 /// The largest request body an agent may send. Tool arguments are small;
 /// anything bigger is a mistake, refused before it is parsed.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
 
+/// Where the OpenAPI document of this API is served.
+pub const OPENAPI_PATH: &str = "/api/v1/openapi.json";
+
+/// The routes and their OpenAPI document, made from the same handler
+/// annotations so the two cannot drift apart.
 pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/runs", post(create_run))
-        .route("/api/v1/runs/{run}", get(read_run))
-        .route("/api/v1/runs/{run}/calls", post(call))
-        .route("/api/v1/runs/{run}/pivot", post(propose_pivot))
-        .route("/api/v1/runs/{run}/unwind", post(unwind))
-        .route("/api/v1/runs/{run}/complete", post(complete))
-        .route("/api/v1/runs/{run}/events", get(events))
-        .route("/api/v1/tools", get(tools))
+    let (routes, document) = documented();
+    routes
+        .route(OPENAPI_PATH, get(move || async move { Json(document) }))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+}
+
+/// The OpenAPI 3 document of the agent API.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    documented().1
+}
+
+fn documented() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(create_run))
+        .routes(routes!(read_run))
+        .routes(routes!(call))
+        .routes(routes!(propose_pivot))
+        .routes(routes!(unwind))
+        .routes(routes!(complete))
+        .routes(routes!(events))
+        .routes(routes!(tools))
+        .split_for_parts()
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Saga Harness agent API",
+        version = "1",
+        description = "Tool calls with side effects go through the harness: it logs an intent before each call, derives idempotency keys from run and step, and reports outcomes (confirmed, failed, unknown, not_executed, awaiting_approval, rejected) as 200s. Refusals are 4xx with a stable `code`."
+    ),
+    modifiers(&BearerToken),
+    security(("bearer" = [])),
+    tags(
+        (name = "runs", description = "Runs and their steps"),
+        (name = "tools", description = "The tool registry")
+    )
+)]
+struct ApiDoc;
+
+struct BearerToken;
+
+impl utoipa::Modify for BearerToken {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "An agent token from `saga-harness token create`".to_owned(),
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The body of every error: a stable machine-readable code and a message
+/// that says what is wrong and what to do.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// `unauthorized`, `run_not_found`, `step_unresolved`, `invalid_body` …
+    code: String,
+    message: String,
 }
 
 /// Every error the API returns: a status, a stable code, a message that
@@ -68,11 +133,11 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(json!({"code": self.code, "message": self.message})),
-        )
-            .into_response()
+        let body = ErrorBody {
+            code: self.code.to_owned(),
+            message: self.message,
+        };
+        (self.status, Json(body)).into_response()
     }
 }
 
@@ -183,7 +248,7 @@ fn run_id(raw: &str) -> Result<Uuid, ApiError> {
     })
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateRun {
     /// The client's own name for the run: the same label twice returns the
@@ -193,8 +258,15 @@ struct CreateRun {
     purpose: String,
 }
 
+#[derive(Debug, Serialize, ToSchema)]
+struct RunCreated {
+    run: Run,
+    /// The step index the run's first call with an effect must name.
+    next_step: i64,
+}
+
 /// What a resuming agent reads: the run, its log and its next step.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct RunView {
     run: Run,
     next_step: i64,
@@ -202,6 +274,12 @@ struct RunView {
     pivot: Option<Approval>,
 }
 
+#[utoipa::path(post, path = "/api/v1/runs", tag = "runs",
+    request_body = CreateRun,
+    responses(
+        (status = 201, description = "A new run", body = RunCreated),
+        (status = 200, description = "The run this agent already created with this label", body = RunCreated),
+        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody)))]
 async fn create_run(
     State(state): State<AppState>,
     Agent(agent): Agent,
@@ -227,13 +305,14 @@ async fn create_run(
     } else {
         StatusCode::OK
     };
-    Ok((
-        status,
-        Json(json!({"run": run, "next_step": run.next_step})),
-    )
-        .into_response())
+    let next_step = run.next_step;
+    Ok((status, Json(RunCreated { run, next_step })).into_response())
 }
 
+#[utoipa::path(get, path = "/api/v1/runs/{run}", tag = "runs", params(("run" = String, Path, description = "The run id (a UUID) from POST /api/v1/runs")),
+    responses(
+        (status = 200, description = "The run, its log and its next step", body = RunView),
+        (status = 400, description = "Not a run id", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody)))]
 async fn read_run(
     State(state): State<AppState>,
     Agent(agent): Agent,
@@ -253,7 +332,7 @@ async fn read_run(
     }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CallRequest {
     tool: String,
@@ -264,6 +343,11 @@ struct CallRequest {
     step: Option<i64>,
 }
 
+#[utoipa::path(post, path = "/api/v1/runs/{run}/calls", tag = "runs", params(("run" = String, Path, description = "The run id (a UUID) from POST /api/v1/runs")),
+    request_body = CallRequest,
+    responses(
+        (status = 200, description = "The tool's outcome (confirmed, failed, unknown, not_executed, awaiting_approval, rejected); never an HTTP error", body = CallOutcome),
+        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn call(
     State(state): State<AppState>,
     Agent(agent): Agent,
@@ -284,39 +368,62 @@ async fn call(
     Ok(Json(outcome))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct PivotRequest {
     summary: String,
     commit: Vec<PlannedCall>,
 }
 
+#[utoipa::path(post, path = "/api/v1/runs/{run}/pivot", tag = "runs", params(("run" = String, Path, description = "The run id (a UUID) from POST /api/v1/runs")),
+    request_body = PivotRequest,
+    responses(
+        (status = 200, description = "The plan waits for a person's approval", body = PivotProposed),
+        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn propose_pivot(
     State(state): State<AppState>,
     Agent(agent): Agent,
     Path(raw): Path<String>,
     Body(body): Body<PivotRequest>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PivotProposed>, ApiError> {
     let approval = state
         .engine
         .propose_pivot(&agent, run_id(&raw)?, &body.summary, body.commit)
         .await?;
-    Ok(Json(json!({
-        "outcome": "awaiting_approval",
-        "approval_id": approval.id,
-        "digest": approval.digest,
-        "expires_at": approval.expires_at,
-        "plan": approval.plan,
-        "message": "the plan waits for a person's approval; the run takes no other calls until then",
-    })))
+    Ok(Json(PivotProposed {
+        outcome: "awaiting_approval",
+        approval_id: approval.id,
+        digest: approval.digest,
+        expires_at: approval.expires_at,
+        plan: approval.plan,
+        message: "the plan waits for a person's approval; the run takes no other calls until then",
+    }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Serialize, ToSchema)]
+struct PivotProposed {
+    /// Always `awaiting_approval`.
+    outcome: &'static str,
+    approval_id: i64,
+    /// What the approver signs: a digest of the plan exactly as shown.
+    digest: String,
+    /// When the pivot is rejected if nobody decides (authorisations lapse).
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    plan: Value,
+    message: &'static str,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct UnwindRequest {
     reason: String,
 }
 
+#[utoipa::path(post, path = "/api/v1/runs/{run}/unwind", tag = "runs", params(("run" = String, Path, description = "The run id (a UUID) from POST /api/v1/runs")),
+    request_body = UnwindRequest,
+    responses(
+        (status = 200, description = "The run after its unwind (UNWOUND, or NEEDS_ATTENTION when a compensation needs a person)", body = Run),
+        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn unwind(
     State(state): State<AppState>,
     Agent(agent): Agent,
@@ -338,6 +445,10 @@ async fn unwind(
     Ok(Json(run))
 }
 
+#[utoipa::path(post, path = "/api/v1/runs/{run}/complete", tag = "runs", params(("run" = String, Path, description = "The run id (a UUID) from POST /api/v1/runs")),
+    responses(
+        (status = 200, description = "The completed run", body = Run),
+        (status = 400, description = "Not a run id", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn complete(
     State(state): State<AppState>,
     Agent(agent): Agent,
@@ -346,22 +457,42 @@ async fn complete(
     Ok(Json(state.engine.complete(&agent, run_id(&raw)?).await?))
 }
 
-async fn tools(State(state): State<AppState>, Agent(_): Agent) -> Json<Value> {
-    let tools: Vec<Value> = state
+#[utoipa::path(get, path = "/api/v1/tools", tag = "tools",
+    responses(
+        (status = 200, description = "Every registered tool", body = ToolList), (status = 401, description = "Missing or wrong token", body = ErrorBody)))]
+async fn tools(State(state): State<AppState>, Agent(_): Agent) -> Json<ToolList> {
+    let tools = state
         .registry
         .tools()
-        .map(|spec| {
-            json!({
-                "name": spec.name,
-                "class": spec.class,
-                "audience": spec.audience,
-                "gated": spec.gated,
-                "way_back_only": spec.way_back_only,
-                "needs_step": spec.class != crate::saga::class::ToolClass::Pure,
-            })
+        .map(|spec| ToolView {
+            name: spec.name.clone(),
+            class: spec.class,
+            audience: spec.audience,
+            gated: spec.gated,
+            way_back_only: spec.way_back_only,
+            needs_step: spec.class != crate::saga::class::ToolClass::Pure,
         })
         .collect();
-    Json(json!({"tools": tools}))
+    Json(ToolList { tools })
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+struct ToolList {
+    tools: Vec<ToolView>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+struct ToolView {
+    name: String,
+    class: crate::saga::class::ToolClass,
+    /// Who sees the effect at least; some arguments widen it.
+    audience: crate::saga::class::Audience,
+    /// Runs only as a commit step of an approved pivot.
+    gated: bool,
+    /// Runs only to undo another step; agents cannot call it.
+    way_back_only: bool,
+    /// Whether calls must name a step (every tool with an effect).
+    needs_step: bool,
 }
 
 /// How often the event stream looks for new events. Polling the audit
@@ -372,6 +503,10 @@ const EVENT_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 /// Server-sent events: the run's audit trail as it grows, for agents that
 /// wait on an approval and for the dashboard. `Last-Event-ID` resumes after
 /// a reconnect.
+#[utoipa::path(get, path = "/api/v1/runs/{run}/events", tag = "runs", params(("run" = String, Path, description = "The run id (a UUID) from POST /api/v1/runs")),
+    responses(
+        (status = 200, description = "Server-sent events: the run's audit trail as it grows; each event's id resumes the stream through Last-Event-ID", content_type = "text/event-stream", body = String),
+        (status = 400, description = "Not a run id", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody)))]
 async fn events(
     State(state): State<AppState>,
     Agent(agent): Agent,

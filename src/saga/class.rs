@@ -9,6 +9,7 @@ use std::str::FromStr;
 /// How a tool's effect can be taken back (R1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub enum ToolClass {
     /// No side effect: never logged, takes no step index (R2).
     Pure,
@@ -24,6 +25,7 @@ pub enum ToolClass {
 /// the public outranks one to a customer, and so on down to the team.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub enum Audience {
     Internal,
     Partner,
@@ -53,6 +55,7 @@ impl Audience {
 /// Which side of the pivot a step ran on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub enum Phase {
     BeforePivot,
     AfterPivot,

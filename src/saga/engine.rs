@@ -27,6 +27,7 @@ use uuid::Uuid;
 /// What the agent is told about its call (§5): never an HTTP error.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[derive(utoipa::ToSchema)]
 pub enum OutcomeKind {
     Confirmed,
     Failed,
@@ -36,7 +37,7 @@ pub enum OutcomeKind {
     Rejected,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct CallOutcome {
     pub outcome: OutcomeKind,
     /// `None` for pure calls: they take no step index (R2).

@@ -39,7 +39,7 @@ pub struct NewRun {
     pub purpose: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Run {
     pub id: Uuid,
     pub agent: String,
@@ -76,7 +76,7 @@ pub struct NewStep {
     pub phase: Phase,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Step {
     pub run_id: Uuid,
     pub step_idx: i64,
@@ -178,6 +178,7 @@ pub struct Compensation {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[derive(utoipa::ToSchema)]
 pub enum ApprovalKind {
     /// The whole commit plan of a run.
     Pivot,
@@ -211,7 +212,7 @@ pub struct NewApproval {
     pub expires_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Approval {
     pub id: i64,
     pub run_id: Uuid,

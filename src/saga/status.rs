@@ -13,6 +13,7 @@ use std::str::FromStr;
 /// Where a non-pure step (or a compensation) stands in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub enum StepStatus {
     /// The index is reserved and the exact call stored; nothing was sent.
     AwaitingApproval,
@@ -77,6 +78,7 @@ pub enum Lifecycle {
 /// Where a run stands (DESIGN.md §3, "Run statuses").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub enum RunStatus {
     Running,
     /// A pivot was proposed and waits for a person.
@@ -197,6 +199,7 @@ pub fn check_run_transition(
 /// lifecycle of its own (`send_status`), judged by [`check_step_transition`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub enum CorrectionStatus {
     Pending,
     /// Signed off by a person; the text is frozen from here on.
@@ -243,6 +246,7 @@ pub fn check_correction_transition(
 /// Where an approval request (pivot or single step) stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub enum ApprovalStatus {
     Pending,
     Approved,
