@@ -199,6 +199,61 @@ impl Application {
     }
 }
 
+/// How often the dashboard's stream looks for new lines in the saga log.
+/// Polling the shared table (not an in-process channel) means changes made
+/// by any harness instance reach every open dashboard.
+const LIVE_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The dashboard's live stream: one `change` event per new audit line (its
+/// id resumes the stream). Pages refetch what they show when it fires.
+async fn live_changes(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let store = state.store.clone();
+    let start = match headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i64>().ok())
+    {
+        Some(id) => id,
+        // A new listener wants changes from now on.
+        None => match store.recent_events(1).await {
+            Ok(events) => events.first().map(|e| e.id).unwrap_or(0),
+            Err(err) => {
+                tracing::error!(%err, "starting the dashboard stream");
+                return StatusCode::SERVICE_UNAVAILABLE.into_response();
+            }
+        },
+    };
+    let stream = futures::stream::unfold(start, move |last| {
+        let store = store.clone();
+        async move {
+            loop {
+                match store.all_events_after(last, 200).await {
+                    Ok(events) if !events.is_empty() => {
+                        let newest = events.last().map(|e| e.id).unwrap_or(last);
+                        let event = Event::default()
+                            .id(newest.to_string())
+                            .event("change")
+                            .data(events.len().to_string());
+                        return Some((Ok::<_, std::convert::Infallible>(event), newest));
+                    }
+                    Ok(_) => tokio::time::sleep(LIVE_POLL).await,
+                    Err(err) => {
+                        tracing::error!(%err, "reading the saga log for the dashboard");
+                        return None;
+                    }
+                }
+            }
+        }
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
 /// The tools file named by `--tools`, validated; none means no tools.
 fn load_registry(args: &ServeArgs) -> Result<Registry, ServerError> {
     let Some(path) = &args.tools else {
@@ -232,6 +287,7 @@ async fn router(state: AppState, opened: &Opened, secure: bool) -> Result<Router
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .merge(crate::api::router())
+        .route(ui::LIVE_PATH, get(live_changes))
         .leptos_routes_with_context(&state, routes, || {}, {
             let options = state.leptos_options.clone();
             move || ui::shell(options.clone())

@@ -966,6 +966,18 @@ async fn every_change_is_in_the_audit_trail(store: Store) {
     assert!(events
         .windows(2)
         .all(|w| w[0].id < w[1].id && w[0].at <= w[1].at));
+
+    // Across runs: newest first for the audit page, after an id for the
+    // dashboard's live stream.
+    let (other, _) = step_in(&store, StepStatus::Intended).await;
+    let recent = store.recent_events(2).await.unwrap();
+    assert_eq!(recent.len(), 2);
+    assert!(recent[0].id > recent[1].id);
+    assert_eq!(recent[0].run_id, Some(other.id));
+    let after = store.all_events_after(events[1].id, 100).await.unwrap();
+    assert_eq!(after.first().map(|e| e.id), Some(events[2].id));
+    assert!(after.iter().any(|e| e.run_id == Some(other.id)));
+    assert!(after.windows(2).all(|w| w[0].id < w[1].id));
 }
 
 async fn users_and_tokens(store: Store) {

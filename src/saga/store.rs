@@ -200,6 +200,12 @@ pub trait SagaStore: Send + Sync + 'static {
         limit: i64,
     ) -> StoreResult<Vec<Event>>;
 
+    /// Every run's events, newest first (the audit page).
+    async fn recent_events(&self, limit: i64) -> StoreResult<Vec<Event>>;
+    /// Every run's events with ids above `after_id`, oldest first (the
+    /// dashboard's live stream).
+    async fn all_events_after(&self, after_id: i64, limit: i64) -> StoreResult<Vec<Event>>;
+
     // --- people and agents ------------------------------------------------
 
     async fn add_user(

@@ -276,27 +276,7 @@ impl Engine {
                 }
                 _ => continue,
             };
-            let spec = self.spec(&step.tool)?;
-            let written = step.compensation.clone().unwrap_or(Value::Null);
-            let (template, recipients) = match (written["kind"].as_str(), &spec.correction) {
-                (Some("correction"), _) => (
-                    written["template"].as_str().unwrap_or_default().to_owned(),
-                    strings(&written["recipients"]),
-                ),
-                (_, Some(declared)) => spec
-                    .correction_for(&step.idempotency_key, &step.args)
-                    .unwrap_or_else(|_| (declared.template.clone(), Vec::new())),
-                (_, None) => (
-                    format!(
-                        "We have reversed {} (reference {}). No action is needed on your side.",
-                        step.tool,
-                        step.external_ref
-                            .clone()
-                            .unwrap_or_else(|| step.idempotency_key.clone())
-                    ),
-                    Vec::new(),
-                ),
-            };
+            let (template, recipients) = self.correction_text(&step)?;
             self.store()
                 .queue_correction(
                     NewCorrection {
@@ -314,6 +294,85 @@ impl Engine {
                 .await?;
         }
         Ok(())
+    }
+}
+
+/// What an unwind of a run would do now, for the person about to start it
+/// (DESIGN.md §6, unwind review).
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnwindPreview {
+    /// Steps to compensate, in the order the unwind runs them, with the
+    /// pre-written way back.
+    pub compensations: Vec<(Step, Value)>,
+    /// Corrections it would queue: the step, its text and its recipients.
+    pub corrections: Vec<(Step, String, Vec<String>)>,
+}
+
+impl Engine {
+    /// The compensations (in order) and corrections an unwind would make,
+    /// following the same rules as [`Engine::continue_unwind`] and
+    /// `queue_corrections`, without changing anything.
+    pub async fn unwind_preview(&self, run_id: Uuid) -> Result<UnwindPreview, Refusal> {
+        let steps = self.store().steps(run_id).await?;
+        let mut preview = UnwindPreview {
+            compensations: Vec::new(),
+            corrections: Vec::new(),
+        };
+        for idx in Self::compensation_order(&steps) {
+            let Some(step) = steps.iter().find(|s| s.step_idx == idx) else {
+                continue;
+            };
+            let undoable = matches!(
+                step.tool_class,
+                ToolClass::Reversible | ToolClass::Compensatable
+            );
+            if undoable && step.status == StepStatus::Confirmed {
+                let way_back = step.compensation.clone().unwrap_or(Value::Null);
+                preview.compensations.push((step.clone(), way_back));
+            }
+        }
+        for step in &steps {
+            let seen_outside = step.audience != Audience::Internal;
+            let corrected = match step.tool_class {
+                ToolClass::Irreversible => step.status == StepStatus::Confirmed,
+                ToolClass::Reversible | ToolClass::Compensatable => {
+                    matches!(step.status, StepStatus::Confirmed | StepStatus::Compensated)
+                }
+                ToolClass::Pure => false,
+            };
+            if seen_outside && corrected {
+                let (text, recipients) = self.correction_text(step)?;
+                preview.corrections.push((step.clone(), text, recipients));
+            }
+        }
+        Ok(preview)
+    }
+
+    /// The correction for a step people outside the team saw: the one
+    /// written before it ran, else the tool's declared one, else a plain
+    /// notice naming the reference (with no recipient: a person adds one).
+    fn correction_text(&self, step: &Step) -> Result<(String, Vec<String>), Refusal> {
+        let spec = self.spec(&step.tool)?;
+        let written = step.compensation.clone().unwrap_or(Value::Null);
+        Ok(match (written["kind"].as_str(), &spec.correction) {
+            (Some("correction"), _) => (
+                written["template"].as_str().unwrap_or_default().to_owned(),
+                strings(&written["recipients"]),
+            ),
+            (_, Some(declared)) => spec
+                .correction_for(&step.idempotency_key, &step.args)
+                .unwrap_or_else(|_| (declared.template.clone(), Vec::new())),
+            (_, None) => (
+                format!(
+                    "We have reversed {} (reference {}). No action is needed on your side.",
+                    step.tool,
+                    step.external_ref
+                        .clone()
+                        .unwrap_or_else(|| step.idempotency_key.clone())
+                ),
+                Vec::new(),
+            ),
+        })
     }
 }
 

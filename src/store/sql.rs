@@ -1352,6 +1352,29 @@ macro_rules! saga_store_sql {
                     .collect()
             }
 
+            async fn recent_events(&self, limit: i64) -> StoreResult<Vec<Event>> {
+                sqlx::query("SELECT * FROM events ORDER BY id DESC LIMIT $1")
+                    .bind(limit)
+                    .fetch_all(self.reader())
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(event_from)
+                    .collect()
+            }
+
+            async fn all_events_after(&self, after_id: i64, limit: i64) -> StoreResult<Vec<Event>> {
+                sqlx::query("SELECT * FROM events WHERE id > $1 ORDER BY id LIMIT $2")
+                    .bind(after_id)
+                    .bind(limit)
+                    .fetch_all(self.reader())
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(event_from)
+                    .collect()
+            }
+
             async fn add_user(&self, username: &str, password_hash: &str, role: Role) -> StoreResult<User> {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;

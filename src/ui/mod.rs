@@ -1,7 +1,17 @@
-//! The dashboard for support leads: sign-in and the runs list. Pages render
-//! on the server with their data (`SsrMode::Async`), so they work before
-//! (and without) the wasm; server functions check the session themselves,
-//! since they are public endpoints.
+//! The dashboard for support leads: sign-in, the runs list, a run's page
+//! (pivot panel, timeline, questions, unwind review), the corrections inbox
+//! and the audit trail. Pages render on the server with their data
+//! (`SsrMode::Async`), so they work before (and without) the wasm; every
+//! action is a plain form (`ActionForm`) that also works without JS. Server
+//! functions check the session and the role themselves, since they are
+//! public endpoints. With JS, pages refresh when the saga log changes (a
+//! server-sent event stream at [`LIVE_PATH`]).
+
+pub mod audit;
+pub mod inbox;
+pub mod run;
+pub mod runs;
+pub mod timeline;
 
 use crate::saga::class::Role;
 use leptos::prelude::*;
@@ -11,6 +21,9 @@ use leptos_router::hooks::use_query_map;
 use leptos_router::{path, SsrMode};
 use serde::{Deserialize, Serialize};
 
+/// The dashboard's live stream of saga-log changes (session-authenticated).
+pub const LIVE_PATH: &str = "/dashboard/events";
+
 /// The session key under which the signed-in support lead is kept.
 pub const SESSION_USER_KEY: &str = "user";
 
@@ -19,20 +32,6 @@ pub const SESSION_USER_KEY: &str = "user";
 pub struct SessionUser {
     pub username: String,
     pub role: Role,
-}
-
-/// One line of the runs list.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RunRow {
-    pub id: String,
-    pub agent: String,
-    pub purpose: String,
-    pub status: String,
-    pub age: String,
-    /// Non-pure steps given out so far.
-    pub steps: i64,
-    pub irreversible_before_pivot: i64,
-    pub awaiting_approval: bool,
 }
 
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -56,6 +55,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
+    provide_live_updates();
     view! {
         <Stylesheet id="leptos" href="/pkg/saga-harness.css"/>
         <Link rel="icon" type_="image/svg+xml" href="/favicon.svg"/>
@@ -63,7 +63,10 @@ pub fn App() -> impl IntoView {
         <Router>
             <Routes fallback=|| view! { <main class="page"><h1>"Page not found"</h1><p><a href="/">"Back to the runs"</a></p></main> }>
                 <Route path=path!("/login") view=LoginPage ssr=SsrMode::Async/>
-                <Route path=path!("/") view=RunsPage ssr=SsrMode::Async/>
+                <Route path=path!("/") view=runs::RunsPage ssr=SsrMode::Async/>
+                <Route path=path!("/runs/:id") view=run::RunPage ssr=SsrMode::Async/>
+                <Route path=path!("/corrections") view=inbox::InboxPage ssr=SsrMode::Async/>
+                <Route path=path!("/audit") view=audit::AuditPage ssr=SsrMode::Async/>
             </Routes>
         </Router>
     }
@@ -97,15 +100,39 @@ fn LoginPage() -> impl IntoView {
     }
 }
 
+/// The bar on every signed-in page: where to go, what waits, who is in.
 #[component]
-fn RunsPage() -> impl IntoView {
-    let runs = Resource::new(|| (), |_| list_runs());
+pub fn TopBar() -> impl IntoView {
+    let live = live_tick();
     let me = Resource::new(|| (), |_| current_user());
+    let counts = Resource::new(move || live.get(), |_| nav_counts());
     let logout = ServerAction::<Logout>::new();
     view! {
-        <Title text="Runs · Saga Harness"/>
         <header class="top">
             <a class="brand" href="/">"Saga Harness"</a>
+            <nav aria-label="Main">
+                <a href="/">
+                    "Runs"
+                    <Suspense>
+                        {move || Suspend::new(async move {
+                            counts.await.ok().filter(|c| c.awaiting > 0).map(|c| view! {
+                                <span class="count" title="awaiting approval">{c.awaiting}</span>
+                            })
+                        })}
+                    </Suspense>
+                </a>
+                <a href="/corrections">
+                    "Corrections"
+                    <Suspense>
+                        {move || Suspend::new(async move {
+                            counts.await.ok().filter(|c| c.corrections > 0).map(|c| view! {
+                                <span class="count" title="waiting for sign-off">{c.corrections}</span>
+                            })
+                        })}
+                    </Suspense>
+                </a>
+                <a href="/audit">"Audit"</a>
+            </nav>
             <Suspense>
                 {move || Suspend::new(async move {
                     me.await.ok().flatten().map(|user| view! {
@@ -117,58 +144,84 @@ fn RunsPage() -> impl IntoView {
                 <button type="submit">"Sign out"</button>
             </ActionForm>
         </header>
-        <main class="page">
-            <h1>"Runs"</h1>
-            <Suspense fallback=|| view! { <p>"Loading runs…"</p> }>
-                <ErrorBoundary fallback=|errors| view! {
-                    <p class="error" role="alert">
-                        {move || errors.get().into_iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>().join("; ")}
-                    </p>
-                }>
-                    {move || Suspend::new(async move { runs.await.map(runs_table) })}
-                </ErrorBoundary>
-            </Suspense>
-        </main>
     }
 }
 
-fn runs_table(rows: Vec<RunRow>) -> AnyView {
-    if rows.is_empty() {
-        return view! {
-            <p class="empty">"No runs yet. A run appears here as soon as an agent starts one through the API."</p>
+/// What the last action said, carried in the query string so it shows with
+/// and without JS: `?notice=…` or `?error=…`.
+#[component]
+pub fn Notice(query: Memo<leptos_router::params::ParamsMap>) -> impl IntoView {
+    move || {
+        let query = query.read();
+        if let Some(error) = query.get("error") {
+            Some(view! { <p class="error" role="alert">{error}</p> }.into_any())
+        } else {
+            query
+                .get("notice")
+                .map(|notice| view! { <p class="notice" role="status">{notice}</p> }.into_any())
         }
-        .into_any();
     }
-    view! {
-        <table class="runs">
-            <thead>
-                <tr>
-                    <th>"Status"</th>
-                    <th>"Agent"</th>
-                    <th>"Purpose"</th>
-                    <th>"Age"</th>
-                    <th class="num">"Steps"</th>
-                    <th class="num" title="Irreversible steps run before the pivot (goal: 0)">"Irrev. before pivot"</th>
-                </tr>
-            </thead>
-            <tbody>
-                {rows.into_iter().map(|row| {
-                    let status_class = format!("status status-{}", row.status.to_lowercase().replace('_', "-"));
-                    view! {
-                        <tr class:attention=row.awaiting_approval>
-                            <td><span class=status_class>{row.status.clone()}</span></td>
-                            <td>{row.agent}</td>
-                            <td>{row.purpose}</td>
-                            <td>{row.age}</td>
-                            <td class="num">{row.steps}</td>
-                            <td class="num">{row.irreversible_before_pivot}</td>
-                        </tr>
-                    }
-                }).collect_view()}
-            </tbody>
-        </table>
+}
+
+/// The CSS class of a status badge: `status status-awaiting-approval`.
+pub fn status_class(status: &str) -> String {
+    format!("status status-{}", status.to_lowercase().replace('_', "-"))
+}
+
+/// Counts shown in the navigation.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Waiting {
+    pub awaiting: i64,
+    pub corrections: i64,
+}
+
+/// A number that changes whenever the saga log does; resources that read
+/// it refetch. Without JS it never changes (pages are fresh on each load).
+pub fn live_tick() -> ReadSignal<u64> {
+    use_context::<ReadSignal<u64>>().unwrap_or_else(|| signal(0).0)
+}
+
+fn provide_live_updates() {
+    let (tick, set_tick) = signal(0u64);
+    provide_context(tick);
+    #[cfg(feature = "hydrate")]
+    Effect::new(move |_| live::listen(set_tick));
+    #[cfg(not(feature = "hydrate"))]
+    let _ = set_tick;
+}
+
+#[cfg(feature = "hydrate")]
+mod live {
+    //! Listens to the dashboard's event stream and bumps the tick, at most
+    //! a few times a second so a burst of log lines refetches once.
+    use leptos::prelude::*;
+    use wasm_bindgen::closure::Closure;
+    use wasm_bindgen::JsCast;
+
+    pub fn listen(set_tick: WriteSignal<u64>) {
+        let Ok(source) = web_sys::EventSource::new(super::LIVE_PATH) else {
+            return;
+        };
+        let pending = std::rc::Rc::new(std::cell::Cell::new(false));
+        let on_change = Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |_| {
+            if pending.replace(true) {
+                return;
+            }
+            let pending = pending.clone();
+            set_timeout(
+                move || {
+                    pending.set(false);
+                    set_tick.update(|t| *t += 1);
+                },
+                std::time::Duration::from_millis(300),
+            );
+        });
+        let _ =
+            source.add_event_listener_with_callback("change", on_change.as_ref().unchecked_ref());
+        // The page lives as long as the tab: so do the stream and its callback.
+        on_change.forget();
+        std::mem::forget(source);
     }
-    .into_any()
 }
 
 #[server(endpoint = "login")]
@@ -223,38 +276,28 @@ pub async fn current_user() -> Result<Option<SessionUser>, ServerFnError> {
     ssr::signed_in().await.map(Some).or(Ok(None))
 }
 
-#[server(endpoint = "runs")]
-pub async fn list_runs() -> Result<Vec<RunRow>, ServerFnError> {
-    use crate::saga::status::RunStatus;
+#[server(endpoint = "nav_counts")]
+pub async fn nav_counts() -> Result<Waiting, ServerFnError> {
     ssr::signed_in().await?;
     let state = ssr::app_state()?;
-    let runs = state.store.list_runs(500).await.map_err(ssr::internal)?;
-    // A held single step waits for a person just as a pivot does.
-    let held: std::collections::HashSet<_> = state
+    let approvals = state
         .store
         .pending_approvals()
         .await
+        .map_err(ssr::internal)?;
+    let awaiting: std::collections::HashSet<_> = approvals.iter().map(|a| a.run_id).collect();
+    let corrections = state
+        .store
+        .correction_queue()
+        .await
         .map_err(ssr::internal)?
-        .into_iter()
-        .map(|approval| approval.run_id)
-        .collect();
-    let now = chrono::Utc::now();
-    let mut rows: Vec<RunRow> = runs
-        .into_iter()
-        .map(|run| RunRow {
-            id: run.id.to_string(),
-            agent: run.agent,
-            purpose: run.purpose,
-            status: run.status.as_str().to_owned(),
-            age: ssr::age(now - run.created_at),
-            steps: run.next_step,
-            irreversible_before_pivot: run.irreversible_before_pivot,
-            awaiting_approval: run.status == RunStatus::AwaitingApproval || held.contains(&run.id),
-        })
-        .collect();
-    // Awaiting approval first; otherwise newest first (the store's order).
-    rows.sort_by_key(|row| !row.awaiting_approval);
-    Ok(rows)
+        .iter()
+        .filter(|c| c.status == crate::saga::status::CorrectionStatus::Pending)
+        .count();
+    Ok(Waiting {
+        awaiting: awaiting.len() as i64,
+        corrections: corrections as i64,
+    })
 }
 
 #[cfg(feature = "ssr")]
@@ -291,6 +334,35 @@ pub mod ssr {
             .await
             .map_err(internal)?
             .ok_or_else(|| ServerFnError::new("You are not signed in: sign in at /login."))
+    }
+
+    /// The signed-in person, if their role may decide (approve, reject,
+    /// answer, unwind, sign off); otherwise a 403 that says so.
+    pub async fn deciding_person() -> Result<crate::saga::model::Actor, ServerFnError> {
+        let user = signed_in().await?;
+        if !user.role.can_decide() {
+            if let Some(response) = use_context::<leptos_axum::ResponseOptions>() {
+                response.set_status(axum::http::StatusCode::FORBIDDEN);
+            }
+            return Err(ServerFnError::new(format!(
+                "{} is a {}: only an approver or an admin may do this.",
+                user.username,
+                user.role.as_str()
+            )));
+        }
+        Ok(crate::saga::model::Actor::User(user.username))
+    }
+
+    /// Sends the browser back to `page` with what happened in words.
+    pub fn back_to<T: std::fmt::Display, E: std::fmt::Display>(page: &str, done: Result<T, E>) {
+        let (key, text) = match done {
+            Ok(notice) => ("notice", notice.to_string()),
+            Err(refusal) => ("error", refusal.to_string()),
+        };
+        let text: String =
+            percent_encoding::utf8_percent_encode(&text, percent_encoding::NON_ALPHANUMERIC)
+                .to_string();
+        leptos_axum::redirect(&format!("{page}?{key}={text}"));
     }
 
     /// Logs the cause and tells the client only that something failed.

@@ -225,6 +225,12 @@ impl SagaStore for CrashingStore {
     ) -> StoreResult<Vec<Event>> {
         self.inner.events_after(run_id, after_id, limit).await
     }
+    async fn recent_events(&self, limit: i64) -> StoreResult<Vec<Event>> {
+        self.inner.recent_events(limit).await
+    }
+    async fn all_events_after(&self, after_id: i64, limit: i64) -> StoreResult<Vec<Event>> {
+        self.inner.all_events_after(after_id, limit).await
+    }
     async fn add_user(&self, username: &str, password_hash: &str, role: Role) -> StoreResult<User> {
         self.inner.add_user(username, password_hash, role).await
     }

@@ -1,0 +1,101 @@
+//! The audit trail: every approval, rejection, answer, sign-off, edit and
+//! dismissal, with who and when, newest first.
+
+use super::TopBar;
+use leptos::prelude::*;
+use leptos_meta::Title;
+use leptos_router::hooks::use_query_map;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AuditLine {
+    pub at: String,
+    pub actor: String,
+    pub what: String,
+    pub run_id: Option<String>,
+    pub detail: String,
+}
+
+/// People's decisions only, or everything the harness wrote.
+#[component]
+pub fn AuditPage() -> impl IntoView {
+    let query = use_query_map();
+    let everything = move || query.read().get("all").is_some();
+    let live = super::live_tick();
+    let lines = Resource::new(
+        move || (everything(), live.get()),
+        |(all, _)| audit_trail(all),
+    );
+    view! {
+        <Title text="Audit · Saga Harness"/>
+        <TopBar/>
+        <main class="page">
+            <h1>"Audit trail"</h1>
+            <p class="lede">
+                {move || if everything() {
+                    view! { "Everything the harness recorded. " <a href="/audit">"Show people's decisions only"</a> }.into_any()
+                } else {
+                    view! { "Every decision a person made. " <a href="/audit?all=1">"Show everything"</a> }.into_any()
+                }}
+            </p>
+            <Suspense fallback=|| view! { <p>"Loading…"</p> }>
+                {move || Suspend::new(async move {
+                    lines.await.map(|lines| view! {
+                        <table class="runs audit">
+                            <thead><tr><th>"When"</th><th>"Who"</th><th>"What"</th><th>"Detail"</th></tr></thead>
+                            <tbody>
+                                {lines.into_iter().map(|line| view! {
+                                    <tr>
+                                        <td>{line.at}</td>
+                                        <td>{line.actor}</td>
+                                        <td>
+                                            {match line.run_id {
+                                                Some(run) => view! { <a href=format!("/runs/{run}")>{line.what}</a> }.into_any(),
+                                                None => view! { <span>{line.what}</span> }.into_any(),
+                                            }}
+                                        </td>
+                                        <td>{line.detail}</td>
+                                    </tr>
+                                }).collect_view()}
+                            </tbody>
+                        </table>
+                    })
+                })}
+            </Suspense>
+        </main>
+    }
+}
+
+#[server(endpoint = "audit_trail")]
+pub async fn audit_trail(everything: bool) -> Result<Vec<AuditLine>, ServerFnError> {
+    super::ssr::signed_in().await?;
+    let state = super::ssr::app_state()?;
+    let events = state
+        .store
+        .recent_events(if everything { 1000 } else { 5000 })
+        .await
+        .map_err(super::ssr::internal)?;
+    Ok(events
+        .into_iter()
+        .filter(|e| everything || e.actor.starts_with("user:"))
+        .take(1000)
+        .map(|e| {
+            let moved = match (&e.from_status, &e.to_status) {
+                (Some(from), Some(to)) => format!("{from} → {to}"),
+                (None, Some(to)) => to.clone(),
+                _ => String::new(),
+            };
+            let subject = match e.entity_id {
+                Some(id) => format!("{} {id}", e.entity),
+                None => e.entity.clone(),
+            };
+            AuditLine {
+                at: e.at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                actor: e.actor.trim_start_matches("user:").to_owned(),
+                what: format!("{subject}: {moved}"),
+                run_id: e.run_id.map(|r| r.to_string()),
+                detail: e.detail.unwrap_or_default(),
+            }
+        })
+        .collect())
+}

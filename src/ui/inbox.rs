@@ -1,0 +1,249 @@
+//! The corrections inbox (R10): every correction waiting for a person,
+//! widest audience first (public, then customers, then partners, finance,
+//! the team), each with the effect it corrects, who receives it and the
+//! pre-written text, which may be edited before it is sent. Sending goes
+//! through the saga log under the correction's own key; dismissing needs a
+//! reason.
+
+use super::{Notice, TopBar};
+use leptos::prelude::*;
+use leptos_meta::Title;
+use leptos_router::hooks::use_query_map;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InboxItem {
+    pub id: i64,
+    pub run_id: String,
+    pub run_title: String,
+    pub step_idx: i64,
+    pub tool: String,
+    pub audience: String,
+    pub status: String,
+    pub send_status: Option<String>,
+    /// The effect being corrected, in words.
+    pub effect: String,
+    pub effect_args: String,
+    pub recipients: Vec<String>,
+    pub message: String,
+    pub key: String,
+    pub age: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Inbox {
+    pub items: Vec<InboxItem>,
+    pub may_decide: bool,
+}
+
+#[component]
+pub fn InboxPage() -> impl IntoView {
+    let query = use_query_map();
+    let live = super::live_tick();
+    let inbox = Resource::new(move || live.get(), |_| corrections_inbox());
+    view! {
+        <Title text="Corrections · Saga Harness"/>
+        <TopBar/>
+        <main class="page">
+            <h1>"Corrections waiting for sign-off"</h1>
+            <p class="lede">"Ranked by who saw the original effect: the public first, then customers, partners, finance and the team."</p>
+            <Notice query/>
+            <Suspense fallback=|| view! { <p>"Loading corrections…"</p> }>
+                <ErrorBoundary fallback=|errors| view! {
+                    <p class="error" role="alert">
+                        {move || errors.get().into_iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>().join("; ")}
+                    </p>
+                }>
+                    {move || Suspend::new(async move { inbox.await.map(inbox_view) })}
+                </ErrorBoundary>
+            </Suspense>
+        </main>
+    }
+}
+
+fn inbox_view(inbox: Inbox) -> AnyView {
+    if inbox.items.is_empty() {
+        return view! { <p class="empty">"Nothing to sign off. Corrections appear here when an unwind reverses something people outside the team saw."</p> }.into_any();
+    }
+    let may = inbox.may_decide;
+    view! {
+        <ol class="inbox">
+            {inbox.items.into_iter().map(|item| correction_card(item, may)).collect_view()}
+        </ol>
+    }
+    .into_any()
+}
+
+fn correction_card(item: InboxItem, may: bool) -> impl IntoView {
+    let send = ServerAction::<SendCorrection>::new();
+    let dismiss = ServerAction::<DismissCorrection>::new();
+    let pending = item.status == "pending";
+    let text_id = format!("message-{}", item.id);
+    let reason_id = format!("reason-{}", item.id);
+    view! {
+        <li class=format!("panel correction audience-{}", item.audience) id=format!("correction-{}", item.id)>
+            <div class="call-head">
+                <span class=format!("badge audience-{}", item.audience)>{item.audience.clone()}</span>
+                <span class=super::status_class(&item.status)>{item.status.clone()}</span>
+                {item.send_status.clone().map(|s| {
+                    let class = super::status_class(&s);
+                    view! { <span class=class>"send " {s}</span> }
+                })}
+                <span class="muted">{item.age.clone()} " ago"</span>
+            </div>
+            <h2>
+                "Correcting step " {item.step_idx} " (" {item.tool.clone()} ") of "
+                <a href=format!("/runs/{}", item.run_id)>{item.run_title.clone()}</a>
+            </h2>
+            <p>"Original effect: " {item.effect.clone()}</p>
+            <pre class="args">{item.effect_args.clone()}</pre>
+            <p>"To: " <strong>{if item.recipients.is_empty() { "nobody yet".to_owned() } else { item.recipients.join(", ") }}</strong></p>
+            {if may && pending {
+                view! {
+                    <ActionForm action=send attr:class="correction-form">
+                        <input type="hidden" name="id" value=item.id/>
+                        <label for=text_id.clone()>"Message (edit before sending)"</label>
+                        <textarea id=text_id name="message" rows="4" required>{item.message.clone()}</textarea>
+                        <button type="submit" class="approve">"Send"</button>
+                    </ActionForm>
+                    <ActionForm action=dismiss attr:class="inline-form">
+                        <input type="hidden" name="id" value=item.id/>
+                        <label for=reason_id.clone()>"Reason to dismiss"</label>
+                        <input id=reason_id type="text" name="reason" required placeholder="why no correction is needed"/>
+                        <button type="submit" class="reject">"Dismiss"</button>
+                    </ActionForm>
+                }.into_any()
+            } else if may {
+                view! {
+                    <blockquote>{item.message.clone()}</blockquote>
+                    <ActionForm action=send attr:class="inline-form">
+                        <input type="hidden" name="id" value=item.id/>
+                        <input type="hidden" name="message" value=item.message.clone()/>
+                        <button type="submit">"Send again under the same key"</button>
+                    </ActionForm>
+                }.into_any()
+            } else {
+                view! { <blockquote>{item.message.clone()}</blockquote> }.into_any()
+            }}
+            <p class="muted">"Key " <code>{item.key.clone()}</code></p>
+        </li>
+    }
+}
+
+#[server(endpoint = "corrections_inbox")]
+pub async fn corrections_inbox() -> Result<Inbox, ServerFnError> {
+    let user = super::ssr::signed_in().await?;
+    let state = super::ssr::app_state()?;
+    let queue = state
+        .store
+        .correction_queue()
+        .await
+        .map_err(super::ssr::internal)?;
+    let now = chrono::Utc::now();
+    let mut items = Vec::with_capacity(queue.len());
+    for c in queue {
+        let run = state
+            .store
+            .run(c.run_id)
+            .await
+            .map_err(super::ssr::internal)?;
+        let step = state
+            .store
+            .step(c.run_id, c.step_idx)
+            .await
+            .map_err(super::ssr::internal)?;
+        let effect = match (&step, c.source) {
+            (Some(step), crate::saga::model::CorrectionSource::Step) => format!(
+                "{} ran and cannot be taken back (reference {})",
+                step.tool,
+                step.external_ref.clone().unwrap_or_else(|| "none".into())
+            ),
+            (Some(step), crate::saga::model::CorrectionSource::Compensation) => format!(
+                "{} was reversed by the unwind after people outside the team saw it (reference {})",
+                step.tool,
+                step.external_ref.clone().unwrap_or_else(|| "none".into())
+            ),
+            (None, _) => "the step is missing from the log".into(),
+        };
+        items.push(InboxItem {
+            id: c.id,
+            run_id: c.run_id.to_string(),
+            run_title: run
+                .map(|r| r.label.unwrap_or(r.purpose))
+                .unwrap_or_default(),
+            step_idx: c.step_idx,
+            tool: c.tool.clone(),
+            audience: c.audience.as_str().to_owned(),
+            status: c.status.as_str().to_owned(),
+            send_status: c.send_status.map(|s| s.as_str().to_owned()),
+            effect,
+            effect_args: step
+                .map(|s| serde_json::to_string_pretty(&s.args).unwrap_or_default())
+                .unwrap_or_default(),
+            recipients: c.recipients.clone(),
+            message: c.message.clone(),
+            key: c.idempotency_key.clone(),
+            age: super::ssr::age(now - c.created_at),
+        });
+    }
+    Ok(Inbox {
+        items,
+        may_decide: user.role.can_decide(),
+    })
+}
+
+#[server(endpoint = "send_correction")]
+pub async fn send_correction(id: i64, message: String) -> Result<(), ServerFnError> {
+    let person = super::ssr::deciding_person().await?;
+    let state = super::ssr::app_state()?;
+    let message = message.replace("\r\n", "\n");
+    if message.trim().is_empty() {
+        super::ssr::back_to::<String, String>(
+            "/corrections",
+            Err("The message cannot be empty.".into()),
+        );
+        return Ok(());
+    }
+    let done = state
+        .engine
+        .send_correction(id, Some(message.trim()), &person)
+        .await;
+    super::ssr::back_to(
+        "/corrections",
+        done.map(|c| match c.send_status.map(|s| s.as_str()) {
+            Some("CONFIRMED") => format!("Correction #{id} sent to {}.", c.recipients.join(", ")),
+            Some(other) => format!("Correction #{id} signed off; its send is {other}."),
+            None => format!("Correction #{id} is {}.", c.status.as_str()),
+        }),
+    );
+    Ok(())
+}
+
+#[server(endpoint = "dismiss_correction")]
+pub async fn dismiss_correction(id: i64, reason: String) -> Result<(), ServerFnError> {
+    use crate::saga::status::CorrectionStatus;
+    let person = super::ssr::deciding_person().await?;
+    let state = super::ssr::app_state()?;
+    if reason.trim().is_empty() {
+        super::ssr::back_to::<String, String>(
+            "/corrections",
+            Err("Say why the correction is dismissed.".into()),
+        );
+        return Ok(());
+    }
+    let done = state
+        .store
+        .move_correction(
+            id,
+            CorrectionStatus::Pending,
+            CorrectionStatus::Dismissed,
+            Some(reason.trim()),
+            &person,
+        )
+        .await;
+    super::ssr::back_to(
+        "/corrections",
+        done.map(|_| format!("Correction #{id} dismissed: {}", reason.trim())),
+    );
+    Ok(())
+}

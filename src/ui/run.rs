@@ -1,0 +1,742 @@
+//! The run page: the pivot panel (what was staged, what the agent wants to
+//! commit, one Approve and one Reject), single held steps, the saga log
+//! drawn as a timeline, the questions only a person can answer, and the
+//! unwind review. Every action is a plain form that works without JS.
+
+use super::timeline::Timeline;
+use super::{Notice, TopBar};
+use leptos::prelude::*;
+use leptos_meta::Title;
+use leptos_router::hooks::{use_params_map, use_query_map};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunSheet {
+    pub id: String,
+    pub agent: String,
+    pub label: Option<String>,
+    pub purpose: String,
+    pub status: String,
+    pub age: String,
+    pub irreversible_before_pivot: i64,
+    pub steps: Vec<StepView>,
+    pub pivot: Option<PivotView>,
+    pub held: Vec<HeldView>,
+    pub questions: Vec<Question>,
+    pub corrections: Vec<CorrectionLine>,
+    pub unwind_plan: Option<UnwindPlan>,
+    /// The signed-in person may approve, reject, answer and unwind.
+    pub may_decide: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepView {
+    pub idx: i64,
+    pub tool: String,
+    pub class: String,
+    pub audience: String,
+    pub status: String,
+    pub after_pivot: bool,
+    pub args: String,
+    pub key: String,
+    pub external_ref: Option<String>,
+    pub error: Option<String>,
+    /// The pre-written way back, in words.
+    pub way_back: String,
+    /// How the outcome was learned when not from the call's own answer:
+    /// "found in the system", "a person said it happened" …
+    pub reconciled: Option<String>,
+    pub compensation: Option<CompensationView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompensationView {
+    pub tool: String,
+    pub status: String,
+    pub key: String,
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PivotView {
+    pub approval_id: i64,
+    pub digest: String,
+    pub status: String,
+    pub summary: String,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<String>,
+    pub expires_at: Option<String>,
+    pub note: Option<String>,
+    pub commit: Vec<PlannedView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlannedView {
+    pub step: i64,
+    pub tool: String,
+    pub class: String,
+    pub audience: String,
+    pub args: String,
+    pub way_back: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeldView {
+    pub approval_id: i64,
+    pub digest: String,
+    pub step_idx: i64,
+    pub tool: String,
+    pub audience: String,
+    pub summary: String,
+    pub args: String,
+    pub way_back: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Question {
+    pub step_idx: i64,
+    pub tool: String,
+    pub args: String,
+    pub key: String,
+    pub why: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CorrectionLine {
+    pub id: i64,
+    pub step_idx: i64,
+    pub audience: String,
+    pub status: String,
+    pub recipients: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UnwindPlan {
+    /// In the order they would run.
+    pub compensations: Vec<String>,
+    pub corrections: Vec<String>,
+}
+
+#[component]
+pub fn RunPage() -> impl IntoView {
+    let params = use_params_map();
+    let query = use_query_map();
+    let id = move || params.read().get("id").unwrap_or_default();
+    let live = super::live_tick();
+    let detail = Resource::new(move || (id(), live.get()), |(id, _)| run_detail(id));
+    view! {
+        <Title text="Run · Saga Harness"/>
+        <TopBar/>
+        <main class="page">
+            <p class="crumbs"><a href="/">"Runs"</a></p>
+            <Notice query/>
+            <Suspense fallback=|| view! { <p>"Loading the run…"</p> }>
+                <ErrorBoundary fallback=|errors| view! {
+                    <p class="error" role="alert">
+                        {move || errors.get().into_iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>().join("; ")}
+                    </p>
+                }>
+                    {move || Suspend::new(async move { detail.await.map(run_view) })}
+                </ErrorBoundary>
+            </Suspense>
+        </main>
+    }
+}
+
+fn run_view(run: RunSheet) -> impl IntoView {
+    let status_class = super::status_class(&run.status);
+    let title = run.label.clone().unwrap_or_else(|| run.purpose.clone());
+    let may = run.may_decide;
+    let id = run.id.clone();
+    view! {
+        <header class="run-head">
+            <h1>{title}</h1>
+            <p class="meta">
+                <span class=status_class>{run.status.clone()}</span>
+                " · agent " <strong>{run.agent.clone()}</strong>
+                " · started " {run.age.clone()} " ago"
+                " · " <span class:bad=run.irreversible_before_pivot.gt(&0)>
+                    {run.irreversible_before_pivot} " irreversible before the pivot"
+                </span>
+            </p>
+            <p class="purpose">{run.purpose.clone()}</p>
+        </header>
+        {run.pivot.clone().map(|pivot| pivot_panel(&id, pivot, may))}
+        {run.held.clone().into_iter().map(|held| held_panel(&id, held, may)).collect_view()}
+        {(!run.questions.is_empty()).then(|| questions_panel(&id, run.questions.clone(), may))}
+        <section class="panel">
+            <h2>"Saga log"</h2>
+            <Timeline steps=run.steps.clone() corrections=run.corrections.clone()/>
+            {steps_table(run.steps.clone())}
+        </section>
+        {run.unwind_plan.clone().filter(|_| may).map(|plan| unwind_panel(&id, plan))}
+    }
+}
+
+fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
+    let pending = pivot.status == "pending";
+    let run = run.to_owned();
+    let (approval, digest) = (pivot.approval_id, pivot.digest.clone());
+    let decision = match (&pivot.decided_by, &pivot.decided_at) {
+        (Some(by), Some(at)) => Some(format!("{} by {by} at {at}", pivot.status.to_lowercase())),
+        _ => None,
+    };
+    let decide = ServerAction::<DecidePivot>::new();
+    let (run_a, run_r, digest_a, digest_r) =
+        (run.clone(), run.clone(), digest.clone(), digest.clone());
+    view! {
+        <section class="panel pivot" aria-labelledby="pivot-title">
+            <h2 id="pivot-title">"Pivot: " {pivot.summary.clone()}</h2>
+            <p class="meta">
+                <span class=super::status_class(&pivot.status)>{pivot.status.clone()}</span>
+                {pivot.expires_at.clone().filter(|_| pending).map(|at| view! { " · rejected automatically at " {at} " (authorisations lapse)" })}
+            </p>
+            <h3>"Commit steps, run in this order after approval"</h3>
+            <ol class="plan">
+                {pivot.commit.iter().map(|call| view! {
+                    <li>
+                        <div class="call-head">
+                            <strong>{call.tool.clone()}</strong>
+                            <span class="badge">{call.class.clone()}</span>
+                            <span class=format!("badge audience-{}", call.audience)>{call.audience.clone()}</span>
+                            <span class="muted">"step " {call.step}</span>
+                        </div>
+                        <pre class="args">{call.args.clone()}</pre>
+                        <p class="way-back">"Way back: " {call.way_back.clone()}</p>
+                    </li>
+                }).collect_view()}
+            </ol>
+            {decision.map(|d| view! { <p class="decided" role="status">"Decision: " {d}</p> })}
+            {pivot.note.clone().map(|n| view! { <p class="muted">{n}</p> })}
+            {(pending && may).then(|| view! {
+                <div class="decide">
+                    <ActionForm action=decide>
+                        <input type="hidden" name="run" value=run_a/>
+                        <input type="hidden" name="approval" value=approval/>
+                        <input type="hidden" name="digest" value=digest_a/>
+                        <input type="hidden" name="decision" value="approve"/>
+                        <button type="submit" class="approve">"Approve"</button>
+                    </ActionForm>
+                    <ActionForm action=decide>
+                        <input type="hidden" name="run" value=run_r/>
+                        <input type="hidden" name="approval" value=approval/>
+                        <input type="hidden" name="digest" value=digest_r/>
+                        <input type="hidden" name="decision" value="reject"/>
+                        <button type="submit" class="reject">"Reject"</button>
+                    </ActionForm>
+                </div>
+            })}
+            {(pending && !may).then(|| view! {
+                <p class="muted">"Only an approver can decide this pivot."</p>
+            })}
+        </section>
+    }
+}
+
+fn held_panel(run: &str, held: HeldView, may: bool) -> impl IntoView {
+    let decide = ServerAction::<DecideStep>::new();
+    let run = run.to_owned();
+    let (approval, digest) = (held.approval_id, held.digest.clone());
+    let (run_a, run_r, digest_a, digest_r) =
+        (run.clone(), run.clone(), digest.clone(), digest.clone());
+    view! {
+        <section class="panel pivot held">
+            <h2>"Held step " {held.step_idx} ": " {held.tool.clone()}</h2>
+            <p>{held.summary.clone()}</p>
+            <div class="call-head">
+                <span class=format!("badge audience-{}", held.audience)>{held.audience.clone()}</span>
+            </div>
+            <pre class="args">{held.args.clone()}</pre>
+            <p class="way-back">"If it must be taken back: " {held.way_back.clone()}</p>
+            {may.then(|| view! {
+                <div class="decide">
+                    <ActionForm action=decide>
+                        <input type="hidden" name="run" value=run_a/>
+                        <input type="hidden" name="approval" value=approval/>
+                        <input type="hidden" name="digest" value=digest_a/>
+                        <input type="hidden" name="decision" value="approve"/>
+                        <button type="submit" class="approve">"Approve"</button>
+                    </ActionForm>
+                    <ActionForm action=decide>
+                        <input type="hidden" name="run" value=run_r/>
+                        <input type="hidden" name="approval" value=approval/>
+                        <input type="hidden" name="digest" value=digest_r/>
+                        <input type="hidden" name="decision" value="reject"/>
+                        <button type="submit" class="reject">"Reject"</button>
+                    </ActionForm>
+                </div>
+            })}
+        </section>
+    }
+}
+
+fn questions_panel(run: &str, questions: Vec<Question>, may: bool) -> impl IntoView {
+    let answer = ServerAction::<AnswerQuestion>::new();
+    view! {
+        <section class="panel attention">
+            <h2>"Needs a person"</h2>
+            <p>"No system could say whether these calls took effect. Check in the system itself, then answer."</p>
+            {questions.into_iter().map(|q| {
+                let (yes_run, no_run) = (run.to_owned(), run.to_owned());
+                let step = q.step_idx;
+                view! {
+                    <div class="question">
+                        <p><strong>"Step " {q.step_idx} ": " {q.tool.clone()}</strong> " — " {q.why.clone()}</p>
+                        <pre class="args">{q.args.clone()}</pre>
+                        <p class="muted">"Key " <code>{q.key.clone()}</code></p>
+                        {may.then(|| view! {
+                            <div class="decide">
+                                <ActionForm action=answer>
+                                    <input type="hidden" name="run" value=yes_run/>
+                                    <input type="hidden" name="step" value=step/>
+                                    <input type="hidden" name="happened" value="yes"/>
+                                    <button type="submit">"It happened"</button>
+                                </ActionForm>
+                                <ActionForm action=answer>
+                                    <input type="hidden" name="run" value=no_run/>
+                                    <input type="hidden" name="step" value=step/>
+                                    <input type="hidden" name="happened" value="no"/>
+                                    <button type="submit">"It did not happen"</button>
+                                </ActionForm>
+                            </div>
+                        })}
+                    </div>
+                }
+            }).collect_view()}
+        </section>
+    }
+}
+
+fn unwind_panel(run: &str, plan: UnwindPlan) -> impl IntoView {
+    let unwind = ServerAction::<UnwindRun>::new();
+    let run = run.to_owned();
+    view! {
+        <section class="panel unwind">
+            <h2>"Unwind this run"</h2>
+            <p>"Unwinding runs these compensations, in this order, each with its own key:"</p>
+            <ol>{plan.compensations.into_iter().map(|c| view! { <li>{c}</li> }).collect_view()}</ol>
+            {(!plan.corrections.is_empty()).then(|| view! {
+                <p>"and queues these corrections for sign-off:"</p>
+                <ul>{plan.corrections.clone().into_iter().map(|c| view! { <li>{c}</li> }).collect_view()}</ul>
+            })}
+            <ActionForm action=unwind attr:class="inline-form">
+                <input type="hidden" name="run" value=run/>
+                <label>"Why" <input type="text" name="reason" required placeholder="what went wrong"/></label>
+                <button type="submit" class="reject">"Unwind"</button>
+            </ActionForm>
+        </section>
+    }
+}
+
+fn steps_table(steps: Vec<StepView>) -> impl IntoView {
+    view! {
+        <table class="runs steps">
+            <thead>
+                <tr>
+                    <th class="num">"Step"</th>
+                    <th>"Tool"</th>
+                    <th>"Status"</th>
+                    <th>"Arguments"</th>
+                    <th>"Reference"</th>
+                    <th>"Way back"</th>
+                </tr>
+            </thead>
+            <tbody>
+                {steps.into_iter().map(|step| view! {
+                    <tr id=format!("step-{}", step.idx)>
+                        <td class="num">{step.idx}</td>
+                        <td>
+                            <strong>{step.tool.clone()}</strong><br/>
+                            <span class="badge">{step.class.clone()}</span>
+                            <span class=format!("badge audience-{}", step.audience)>{step.audience.clone()}</span>
+                        </td>
+                        <td>
+                            <span class=super::status_class(&step.status)>{step.status.clone()}</span>
+                            {step.reconciled.clone().map(|r| view! { <br/><small class="muted">{r}</small> })}
+                            {step.error.clone().map(|e| view! { <br/><small class="bad">{e}</small> })}
+                        </td>
+                        <td><pre class="args">{step.args.clone()}</pre></td>
+                        <td>{step.external_ref.clone().unwrap_or_default()}</td>
+                        <td>
+                            {step.way_back.clone()}
+                            {step.compensation.clone().map(|c| view! {
+                                <br/><span class=super::status_class(&c.status)>{c.status.clone()}</span>
+                                {c.error.map(|e| view! { " " <small class="bad">{e}</small> })}
+                            })}
+                        </td>
+                    </tr>
+                }).collect_view()}
+            </tbody>
+        </table>
+    }
+}
+
+#[server(endpoint = "run_detail")]
+pub async fn run_detail(id: String) -> Result<RunSheet, ServerFnError> {
+    let user = super::ssr::signed_in().await?;
+    let state = super::ssr::app_state()?;
+    let run_id = uuid::Uuid::parse_str(&id)
+        .map_err(|_| ServerFnError::new(format!("{id:?} is not a run id")))?;
+    ssr::detail(&state, run_id, user.role.can_decide())
+        .await
+        .map_err(super::ssr::internal)?
+        .ok_or_else(|| ServerFnError::new("There is no such run."))
+}
+
+#[server(endpoint = "decide_pivot")]
+pub async fn decide_pivot(
+    run: String,
+    approval: i64,
+    digest: String,
+    decision: String,
+) -> Result<(), ServerFnError> {
+    let person = super::ssr::deciding_person().await?;
+    let state = super::ssr::app_state()?;
+    let approve = decision == "approve";
+    let done = state
+        .engine
+        .decide_pivot(approval, &digest, approve, &person)
+        .await;
+    super::ssr::back_to(
+        &format!("/runs/{run}"),
+        done.map(|run| {
+            format!(
+                "Pivot {}. The run is now {}.",
+                if approve { "approved" } else { "rejected" },
+                run.status.as_str()
+            )
+        }),
+    );
+    Ok(())
+}
+
+#[server(endpoint = "decide_step")]
+pub async fn decide_step(
+    run: String,
+    approval: i64,
+    digest: String,
+    decision: String,
+) -> Result<(), ServerFnError> {
+    let person = super::ssr::deciding_person().await?;
+    let state = super::ssr::app_state()?;
+    let approve = decision == "approve";
+    let done = state
+        .engine
+        .decide_step(approval, &digest, approve, &person)
+        .await;
+    super::ssr::back_to(
+        &format!("/runs/{run}"),
+        done.map(|step| {
+            format!(
+                "Step {} {}: {}.",
+                step.step_idx,
+                if approve { "approved" } else { "rejected" },
+                step.status.as_str()
+            )
+        }),
+    );
+    Ok(())
+}
+
+#[server(endpoint = "answer_question")]
+pub async fn answer_question(
+    run: String,
+    step: i64,
+    happened: String,
+) -> Result<(), ServerFnError> {
+    let person = super::ssr::deciding_person().await?;
+    let state = super::ssr::app_state()?;
+    let run_id = uuid::Uuid::parse_str(&run)
+        .map_err(|_| ServerFnError::new(format!("{run:?} is not a run id")))?;
+    let yes = happened == "yes";
+    let done = state.engine.answer(run_id, step, yes, None, &person).await;
+    super::ssr::back_to(
+        &format!("/runs/{run}"),
+        done.map(|step| {
+            format!(
+                "Recorded: step {} {}.",
+                step.step_idx,
+                if yes { "happened" } else { "did not happen" }
+            )
+        }),
+    );
+    Ok(())
+}
+
+#[server(endpoint = "unwind_run")]
+pub async fn unwind_run(run: String, reason: String) -> Result<(), ServerFnError> {
+    let person = super::ssr::deciding_person().await?;
+    let state = super::ssr::app_state()?;
+    let run_id = uuid::Uuid::parse_str(&run)
+        .map_err(|_| ServerFnError::new(format!("{run:?} is not a run id")))?;
+    if reason.trim().is_empty() {
+        super::ssr::back_to::<String, String>(
+            &format!("/runs/{run}"),
+            Err("Say why the run is unwound.".into()),
+        );
+        return Ok(());
+    }
+    let done = state.engine.unwind(run_id, &person, reason.trim()).await;
+    super::ssr::back_to(
+        &format!("/runs/{run}"),
+        done.map(|run| format!("Unwound: the run is now {}.", run.status.as_str())),
+    );
+    Ok(())
+}
+
+#[cfg(feature = "ssr")]
+mod ssr {
+    use super::*;
+    use crate::saga::class::ToolClass;
+    use crate::saga::model::{ApprovalKind, Event, Step};
+    use crate::saga::status::{ApprovalStatus, RunStatus, StepStatus};
+    use crate::saga::store::StoreError;
+    use crate::server::AppState;
+    use serde_json::Value;
+
+    pub async fn detail(
+        state: &AppState,
+        run_id: uuid::Uuid,
+        may_decide: bool,
+    ) -> Result<Option<RunSheet>, StoreError> {
+        let store = &state.store;
+        let Some(run) = store.run(run_id).await? else {
+            return Ok(None);
+        };
+        let steps = store.steps(run_id).await?;
+        let compensations = store.compensations(run_id).await?;
+        let approvals = store.approvals(run_id).await?;
+        let corrections = store.corrections(run_id).await?;
+        let events = store.events(Some(run_id), 2000).await?;
+        let now = chrono::Utc::now();
+
+        let step_views = steps
+            .iter()
+            .map(|step| StepView {
+                idx: step.step_idx,
+                tool: step.tool.clone(),
+                class: step.tool_class.as_str().to_owned(),
+                audience: step.audience.as_str().to_owned(),
+                status: step.status.as_str().to_owned(),
+                after_pivot: step.phase == crate::saga::class::Phase::AfterPivot,
+                args: pretty(&step.args),
+                key: step.idempotency_key.clone(),
+                external_ref: step.external_ref.clone(),
+                error: step.error.clone(),
+                way_back: way_back_words(step.compensation.as_ref(), step.tool_class),
+                reconciled: reconciled_by(&events, step),
+                compensation: compensations
+                    .iter()
+                    .find(|c| c.step_idx == step.step_idx)
+                    .map(|c| CompensationView {
+                        tool: c.tool.clone(),
+                        status: c.status.as_str().to_owned(),
+                        key: c.idempotency_key.clone(),
+                        error: c.error.clone(),
+                    }),
+            })
+            .collect();
+
+        let pivot = run
+            .pivot_approval_id
+            .and_then(|id| approvals.iter().find(|a| a.id == id))
+            .map(|a| PivotView {
+                approval_id: a.id,
+                digest: a.digest.clone(),
+                status: a.status.as_str().to_owned(),
+                summary: a.summary.clone(),
+                decided_by: a.decided_by.clone(),
+                decided_at: a
+                    .decided_at
+                    .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string()),
+                expires_at: a
+                    .expires_at
+                    .map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string()),
+                note: a.note.clone(),
+                commit: a.plan["commit"]
+                    .as_array()
+                    .map(|calls| calls.iter().map(planned).collect())
+                    .unwrap_or_default(),
+            });
+
+        let held = approvals
+            .iter()
+            .filter(|a| a.kind == ApprovalKind::Step && a.status == ApprovalStatus::Pending)
+            .filter_map(|a| {
+                let step = steps.iter().find(|s| Some(s.step_idx) == a.step_idx)?;
+                Some(HeldView {
+                    approval_id: a.id,
+                    digest: a.digest.clone(),
+                    step_idx: step.step_idx,
+                    tool: step.tool.clone(),
+                    audience: step.audience.as_str().to_owned(),
+                    summary: a.summary.clone(),
+                    args: pretty(&step.args),
+                    way_back: way_back_words(step.compensation.as_ref(), step.tool_class),
+                })
+            })
+            .collect();
+
+        let questions = if run.status == RunStatus::NeedsAttention {
+            steps
+                .iter()
+                .filter(|s| s.status == StepStatus::Unknown)
+                .map(|s| Question {
+                    step_idx: s.step_idx,
+                    tool: s.tool.clone(),
+                    args: pretty(&s.args),
+                    key: s.idempotency_key.clone(),
+                    why: s
+                        .error
+                        .clone()
+                        .unwrap_or_else(|| "its outcome is unknown and it has no lookup".into()),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+
+        let correction_lines = corrections
+            .iter()
+            .map(|c| CorrectionLine {
+                id: c.id,
+                step_idx: c.step_idx,
+                audience: c.audience.as_str().to_owned(),
+                status: c.status.as_str().to_owned(),
+                recipients: c.recipients.join(", "),
+            })
+            .collect();
+
+        // After the pivot only an approver may unwind; before it the agent
+        // usually does, but a person may too.
+        let unwindable = matches!(
+            run.status,
+            RunStatus::Running
+                | RunStatus::Completed
+                | RunStatus::NeedsAttention
+                | RunStatus::Committing
+        ) && steps.iter().any(|s| s.status == StepStatus::Confirmed);
+        let unwind_plan = if unwindable {
+            let preview = state
+                .engine
+                .unwind_preview(run_id)
+                .await
+                .map_err(|e| StoreError::Invalid(e.to_string()))?;
+            Some(UnwindPlan {
+                compensations: preview
+                    .compensations
+                    .iter()
+                    .map(|(step, way)| {
+                        format!(
+                            "step {} ({}): {}",
+                            step.step_idx,
+                            step.tool,
+                            way_back_words(Some(way), step.tool_class)
+                        )
+                    })
+                    .collect(),
+                corrections: preview
+                    .corrections
+                    .iter()
+                    .map(|(step, text, to)| {
+                        let to = if to.is_empty() {
+                            "nobody yet (add a recipient)".to_owned()
+                        } else {
+                            to.join(", ")
+                        };
+                        format!("step {} ({}), to {to}: “{text}”", step.step_idx, step.tool)
+                    })
+                    .collect(),
+            })
+        } else {
+            None
+        };
+
+        Ok(Some(RunSheet {
+            id: run.id.to_string(),
+            agent: run.agent.clone(),
+            label: run.label.clone(),
+            purpose: run.purpose.clone(),
+            status: run.status.as_str().to_owned(),
+            age: crate::ui::ssr::age(now - run.created_at),
+            irreversible_before_pivot: run.irreversible_before_pivot,
+            steps: step_views,
+            pivot,
+            held,
+            questions,
+            corrections: correction_lines,
+            unwind_plan,
+            may_decide,
+        }))
+    }
+
+    fn planned(call: &Value) -> PlannedView {
+        let way_back = call.get("way_back").filter(|w| !w.is_null());
+        PlannedView {
+            step: call["step"].as_i64().unwrap_or_default(),
+            tool: call["tool"].as_str().unwrap_or_default().to_owned(),
+            class: call["class"].as_str().unwrap_or_default().to_owned(),
+            audience: call["audience"].as_str().unwrap_or_default().to_owned(),
+            args: pretty(&call["args"]),
+            way_back: way_back_words(way_back, ToolClass::Compensatable),
+        }
+    }
+
+    /// The pre-written way back, as a person reads it.
+    pub fn way_back_words(way_back: Option<&Value>, class: ToolClass) -> String {
+        let Some(way) = way_back.filter(|w| !w.is_null()) else {
+            return match class {
+                ToolClass::Pure => "none needed".into(),
+                _ => "none written: a person decides".into(),
+            };
+        };
+        match way["kind"].as_str() {
+            Some("correction") => format!(
+                "correction to {}: “{}”",
+                way["recipients"]
+                    .as_array()
+                    .map(|r| r
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(", "))
+                    .unwrap_or_default(),
+                way["template"].as_str().unwrap_or_default()
+            ),
+            Some(kind) => format!(
+                "{kind}: {} {}",
+                way["tool"].as_str().unwrap_or_default(),
+                compact(&way["args"])
+            ),
+            None => compact(way),
+        }
+    }
+
+    /// How the step's outcome was learned, when the call's own answer did
+    /// not settle it.
+    fn reconciled_by(events: &[Event], step: &Step) -> Option<String> {
+        let moved: Vec<&Event> = events
+            .iter()
+            .filter(|e| e.entity == "step" && e.entity_id == Some(step.step_idx))
+            .collect();
+        let from_unknown = moved.iter().rev().find(|e| {
+            e.from_status.as_deref() == Some("UNKNOWN") && e.to_status.as_deref() != Some("UNKNOWN")
+        })?;
+        Some(if from_unknown.actor.starts_with("user:") {
+            format!(
+                "answered by {}",
+                from_unknown.actor.trim_start_matches("user:")
+            )
+        } else {
+            "reconciled: looked up in the system by its key".to_owned()
+        })
+    }
+
+    pub fn pretty(value: &Value) -> String {
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    }
+
+    fn compact(value: &Value) -> String {
+        serde_json::to_string(value).unwrap_or_default()
+    }
+}

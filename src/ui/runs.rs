@@ -1,0 +1,231 @@
+//! The runs list: runs waiting for approval first, then those that need a
+//! person, then the rest, newest first; filtered by status, a page at a
+//! time.
+
+use super::{Notice, TopBar};
+use leptos::prelude::*;
+use leptos_meta::Title;
+use leptos_router::hooks::use_query_map;
+use serde::{Deserialize, Serialize};
+
+/// Runs per page.
+pub const PAGE_SIZE: i64 = 50;
+
+/// One line of the runs list.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunRow {
+    pub id: String,
+    pub agent: String,
+    pub purpose: String,
+    pub status: String,
+    pub age: String,
+    /// Non-pure steps given out so far.
+    pub steps: i64,
+    pub irreversible_before_pivot: i64,
+    pub awaiting_approval: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunsList {
+    pub rows: Vec<RunRow>,
+    pub page: i64,
+    pub pages: i64,
+    pub total: i64,
+}
+
+const STATUSES: [&str; 8] = [
+    "RUNNING",
+    "AWAITING_APPROVAL",
+    "NEEDS_ATTENTION",
+    "COMMITTING",
+    "COMPLETED",
+    "REJECTED",
+    "UNWINDING",
+    "UNWOUND",
+];
+
+#[component]
+pub fn RunsPage() -> impl IntoView {
+    let query = use_query_map();
+    let status = move || query.read().get("status").filter(|s| !s.is_empty());
+    let page = move || {
+        query
+            .read()
+            .get("page")
+            .and_then(|p| p.parse::<i64>().ok())
+            .unwrap_or(1)
+    };
+    let live = super::live_tick();
+    let runs = Resource::new(
+        move || (status(), page(), live.get()),
+        |(status, page, _)| list_runs(status, page),
+    );
+    view! {
+        <Title text="Runs · Saga Harness"/>
+        <TopBar/>
+        <main class="page">
+            <div class="title-row">
+                <h1>"Runs"</h1>
+                <form method="get" action="/" class="filter">
+                    <label>
+                        "Status "
+                        <select name="status">
+                            <option value="" selected=move || status().is_none()>"all"</option>
+                            {STATUSES.iter().map(|s| {
+                                let s = s.to_string();
+                                let value = s.clone();
+                                view! {
+                                    <option value=s.clone() selected=move || status().as_deref() == Some(value.as_str())>
+                                        {s.to_lowercase().replace('_', " ")}
+                                    </option>
+                                }
+                            }).collect_view()}
+                        </select>
+                    </label>
+                    <button type="submit">"Filter"</button>
+                </form>
+            </div>
+            <Notice query/>
+            <Suspense fallback=|| view! { <p>"Loading runs…"</p> }>
+                <ErrorBoundary fallback=|errors| view! {
+                    <p class="error" role="alert">
+                        {move || errors.get().into_iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>().join("; ")}
+                    </p>
+                }>
+                    {move || Suspend::new(async move {
+                        runs.await.map(|list| runs_table(list, status()))
+                    })}
+                </ErrorBoundary>
+            </Suspense>
+        </main>
+    }
+}
+
+fn runs_table(list: RunsList, status: Option<String>) -> AnyView {
+    if list.rows.is_empty() {
+        return view! {
+            <p class="empty">"No runs here. A run appears as soon as an agent starts one through the API."</p>
+        }
+        .into_any();
+    }
+    let link = move |page: i64| match &status {
+        Some(s) => format!("/?status={s}&page={page}"),
+        None => format!("/?page={page}"),
+    };
+    view! {
+        <table class="runs">
+            <thead>
+                <tr>
+                    <th>"Status"</th>
+                    <th>"Agent"</th>
+                    <th>"Purpose"</th>
+                    <th>"Age"</th>
+                    <th class="num">"Steps"</th>
+                    <th class="num" title="Irreversible steps run before the pivot (goal: 0)">"Irrev. before pivot"</th>
+                </tr>
+            </thead>
+            <tbody>
+                {list.rows.into_iter().map(|row| {
+                    let shown = if row.awaiting_approval && row.status != "AWAITING_APPROVAL" {
+                        "STEP_HELD".to_owned()
+                    } else {
+                        row.status.clone()
+                    };
+                    view! {
+                        <tr class:attention=row.awaiting_approval>
+                            <td><span class=super::status_class(&shown)>{shown.clone()}</span></td>
+                            <td>{row.agent}</td>
+                            <td><a href=format!("/runs/{}", row.id)>{row.purpose}</a></td>
+                            <td>{row.age}</td>
+                            <td class="num">{row.steps}</td>
+                            <td class="num" class:bad=row.irreversible_before_pivot.gt(&0)>{row.irreversible_before_pivot}</td>
+                        </tr>
+                    }
+                }).collect_view()}
+            </tbody>
+        </table>
+        <nav class="pager" aria-label="Pages">
+            <span>{format!("{} runs · page {} of {}", list.total, list.page, list.pages)}</span>
+            {(list.page > 1).then(|| view! { <a href=link(list.page - 1)>"← newer"</a> })}
+            {(list.page < list.pages).then(|| view! { <a href=link(list.page + 1)>"older →"</a> })}
+        </nav>
+    }
+    .into_any()
+}
+
+#[server(endpoint = "runs")]
+pub async fn list_runs(status: Option<String>, page: i64) -> Result<RunsList, ServerFnError> {
+    use crate::saga::status::RunStatus;
+    super::ssr::signed_in().await?;
+    let state = super::ssr::app_state()?;
+    let wanted = match status.as_deref() {
+        Some(text) => Some(
+            text.parse::<RunStatus>()
+                .map_err(|e| ServerFnError::new(e.to_string()))?,
+        ),
+        None => None,
+    };
+    // A held single step waits for a person just as a pivot does.
+    let held: std::collections::HashSet<_> = state
+        .store
+        .pending_approvals()
+        .await
+        .map_err(super::ssr::internal)?
+        .into_iter()
+        .map(|approval| approval.run_id)
+        .collect();
+    let waiting = state
+        .store
+        .runs_with_status(&[RunStatus::AwaitingApproval, RunStatus::NeedsAttention])
+        .await
+        .map_err(super::ssr::internal)?;
+    let recent = state
+        .store
+        .list_runs(5000)
+        .await
+        .map_err(super::ssr::internal)?;
+    // Awaiting approval first, then needing a person, then the rest newest
+    // first; each run once.
+    let rank = |run: &crate::saga::model::Run| {
+        if run.status == RunStatus::AwaitingApproval || held.contains(&run.id) {
+            0
+        } else if run.status == RunStatus::NeedsAttention {
+            1
+        } else {
+            2
+        }
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut runs: Vec<_> = waiting
+        .into_iter()
+        .chain(recent)
+        .filter(|run| seen.insert(run.id))
+        .filter(|run| wanted.is_none_or(|w| run.status == w))
+        .collect();
+    runs.sort_by_key(|run| (rank(run), std::cmp::Reverse(run.created_at)));
+    let total = runs.len() as i64;
+    let pages = ((total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
+    let page = page.clamp(1, pages);
+    let now = chrono::Utc::now();
+    let rows = runs
+        .into_iter()
+        .skip(((page - 1) * PAGE_SIZE) as usize)
+        .take(PAGE_SIZE as usize)
+        .map(|run| RunRow {
+            awaiting_approval: rank(&run) == 0,
+            id: run.id.to_string(),
+            agent: run.agent,
+            purpose: run.purpose,
+            status: run.status.as_str().to_owned(),
+            age: super::ssr::age(now - run.created_at),
+            steps: run.next_step,
+            irreversible_before_pivot: run.irreversible_before_pivot,
+        })
+        .collect();
+    Ok(RunsList {
+        rows,
+        page,
+        pages,
+        total,
+    })
+}
