@@ -258,7 +258,8 @@ impl StripeConnector {
 
     async fn refund(&self, key: &str, args: &Value) -> CallReport {
         let op = Operation::Refund;
-        let (amount, reason) = match (amount_arg(op, args, "amount"), text_arg(op, args, "reason")) {
+        let (amount, reason) = match (amount_arg(op, args, "amount"), text_arg(op, args, "reason"))
+        {
             (Ok(amount), Ok(reason)) => (amount, reason),
             (Err(reason), _) | (_, Err(reason)) => return CallReport::NotSent { reason },
         };
@@ -269,14 +270,12 @@ impl StripeConnector {
         let intent_id = id_of(&intent).unwrap_or_default();
         let refunds = match self.refunds_of(&intent_id).await {
             Ok(refunds) => refunds,
-            Err(e) => {
-                return CallReport::NotSent {
-                    reason: format!(
-                        "{}: could not read the refunds of {intent_id}, so no refund was sent ({e})",
-                        op.name()
-                    ),
-                }
-            }
+            Err(e) => return CallReport::NotSent {
+                reason: format!(
+                    "{}: could not read the refunds of {intent_id}, so no refund was sent ({e})",
+                    op.name()
+                ),
+            },
         };
         if let Some(done) = refunds.iter().find(|r| carries(r, "saga_key", key)) {
             return already_done(done.clone());
@@ -458,8 +457,7 @@ impl<'a> Payment<'a> {
             customer: required_text(op, args, "customer")?,
             amount,
             currency: currency.to_ascii_lowercase(),
-            payment_method: text_arg(op, args, "payment_method")?
-                .unwrap_or(DEFAULT_PAYMENT_METHOD),
+            payment_method: text_arg(op, args, "payment_method")?.unwrap_or(DEFAULT_PAYMENT_METHOD),
             description: text_arg(op, args, "description")?,
             receipt_email: text_arg(op, args, "receipt_email")?,
             order_id: text_arg(op, args, "order_id")?,
@@ -611,9 +609,9 @@ fn already_done(object: Value) -> CallReport {
 }
 
 fn data(body: &Value) -> Result<&Vec<Value>, LookupError> {
-    body.get("data").and_then(Value::as_array).ok_or_else(|| {
-        LookupError::Unavailable("Stripe answered a list without `data`".into())
-    })
+    body.get("data")
+        .and_then(Value::as_array)
+        .ok_or_else(|| LookupError::Unavailable("Stripe answered a list without `data`".into()))
 }
 
 fn has_more(body: &Value) -> bool {
@@ -677,7 +675,8 @@ impl Connector for StripeConnector {
     ) -> Result<Lookup, LookupError> {
         let op = Operation::from_name(operation).ok_or(LookupError::Unsupported)?;
         let customer = text_arg(op, args, "customer").map_err(LookupError::Unavailable)?;
-        let original = |field: &str| required_text(op, args, field).map_err(LookupError::Unavailable);
+        let original =
+            |field: &str| required_text(op, args, field).map_err(LookupError::Unavailable);
         match op {
             Operation::Authorize | Operation::Charge => {
                 match self.find_intent(key, customer).await? {
@@ -704,9 +703,7 @@ impl Connector for StripeConnector {
                 else {
                     return Ok(Lookup::NotFound);
                 };
-                let refunds = self
-                    .refunds_of(&id_of(&intent).unwrap_or_default())
-                    .await?;
+                let refunds = self.refunds_of(&id_of(&intent).unwrap_or_default()).await?;
                 let found = refunds
                     .iter()
                     .find(|r| carries(r, "saga_key", key))
@@ -767,7 +764,13 @@ mod tests {
             amount_arg(authorize, &json!({"amount": "1250"}), "amount"),
             Ok(Some(1250))
         );
-        for bad in [json!(12.5), json!(0), json!(-3), json!("12.50"), json!(true)] {
+        for bad in [
+            json!(12.5),
+            json!(0),
+            json!(-3),
+            json!("12.50"),
+            json!(true),
+        ] {
             let err = amount_arg(authorize, &json!({ "amount": bad }), "amount").unwrap_err();
             assert!(err.contains("stripe.authorize: argument `amount`"), "{err}");
         }

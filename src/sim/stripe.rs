@@ -32,7 +32,8 @@ const SYSTEM: &str = "stripe";
 const DEFAULT_VERSION: &str = "2024-06-20";
 
 /// Statuses from which Stripe lets a PaymentIntent be canceled.
-const CANCELABLE: &str = "requires_payment_method, requires_capture, requires_confirmation, requires_action, processing";
+const CANCELABLE: &str =
+    "requires_payment_method, requires_capture, requires_confirmation, requires_action, processing";
 
 /// The simulated Stripe API, with the fault layer and `/_sim` routes.
 pub fn router(sim: &SimState) -> Router {
@@ -41,10 +42,7 @@ pub fn router(sim: &SimState) -> Router {
         account: Arc::new(Mutex::new(Account::default())),
     };
     let routes = Router::new()
-        .route(
-            "/v1/payment_intents",
-            post(create_intent).get(list_intents),
-        )
+        .route("/v1/payment_intents", post(create_intent).get(list_intents))
         .route("/v1/payment_intents/search", get(search_intents))
         .route("/v1/payment_intents/{id}", get(retrieve_intent))
         .route("/v1/payment_intents/{id}/capture", post(capture_intent))
@@ -148,7 +146,11 @@ impl App {
                 },
             );
         }
-        stamp((status, Json(body)).into_response(), headers, key.as_deref())
+        stamp(
+            (status, Json(body)).into_response(),
+            headers,
+            key.as_deref(),
+        )
     }
 
     fn read(
@@ -267,9 +269,11 @@ struct Intent {
     canceled_at: Option<i64>,
     cancellation_reason: Option<String>,
     created: i64,
-    /// When the write happened on the simulator's clock: the Search API
-    /// sees the object only after the search lag has passed.
-    written_at: Duration,
+    /// When it was created, on the simulator's clock: the Search API sees
+    /// it only once the search lag has passed. (Later changes are not
+    /// modelled as stale in the index; the connector re-reads what search
+    /// finds anyway.)
+    created_on_clock: Duration,
 }
 
 impl Intent {
@@ -574,7 +578,10 @@ impl Params {
     fn list_values(&self, name: &str) -> Vec<String> {
         self.0
             .iter()
-            .filter(|(n, _)| n.strip_prefix(name).is_some_and(|rest| rest.starts_with('[')))
+            .filter(|(n, _)| {
+                n.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('['))
+            })
             .map(|(_, v)| v.clone())
             .collect()
     }
@@ -591,8 +598,9 @@ impl Params {
         match self.integer("limit")? {
             None => Ok(10),
             Some(n) if n <= 100 => Ok(n as usize),
-            Some(_) => Err(ApiError::invalid("This value must be less than or equal to 100.")
-                .param("limit")),
+            Some(_) => Err(
+                ApiError::invalid("This value must be less than or equal to 100.").param("limit"),
+            ),
         }
     }
 }
@@ -692,7 +700,9 @@ impl Account {
             .ok_or_else(|| ApiError::missing("amount"))?;
         let currency = params.required("currency")?.to_ascii_lowercase();
         if currency.len() != 3 || !currency.chars().all(|c| c.is_ascii_lowercase()) {
-            return Err(ApiError::invalid(&format!("Invalid currency: {currency}.")).param("currency"));
+            return Err(
+                ApiError::invalid(&format!("Invalid currency: {currency}.")).param("currency")
+            );
         }
         let customer = params.get("customer").filter(|c| !c.is_empty());
         if let Some(customer) = customer {
@@ -707,7 +717,10 @@ impl Account {
             }
         }
         let capture_method = params
-            .one_of("capture_method", &["automatic", "automatic_async", "manual"])?
+            .one_of(
+                "capture_method",
+                &["automatic", "automatic_async", "manual"],
+            )?
             .unwrap_or_else(|| "automatic_async".into());
         let confirm = params.boolean("confirm")?;
         params.check_metadata()?;
@@ -788,7 +801,7 @@ impl Account {
             canceled_at: None,
             cancellation_reason: None,
             created: unix_now(),
-            written_at: write.sim.clock.now(),
+            created_on_clock: write.sim.clock.now(),
         };
         let mut declined = None;
         if confirm {
@@ -864,7 +877,6 @@ impl Account {
         ])?;
         let to_capture = params.integer("amount_to_capture")?;
         params.check_metadata()?;
-        let now = write.sim.clock.now();
         let intent = self.intent_mut(id)?;
         if intent.status != IntentStatus::RequiresCapture {
             return Err(ApiError::new(
@@ -898,7 +910,6 @@ impl Account {
         intent.status = IntentStatus::Succeeded;
         intent.amount_received = amount;
         intent.amount_capturable = 0;
-        intent.written_at = now;
         let body = intent.to_json();
         write.sim.ledger.record(
             SYSTEM,
@@ -915,9 +926,13 @@ impl Account {
         params.check_known(&["cancellation_reason"])?;
         let reason = params.one_of(
             "cancellation_reason",
-            &["duplicate", "fraudulent", "requested_by_customer", "abandoned"],
+            &[
+                "duplicate",
+                "fraudulent",
+                "requested_by_customer",
+                "abandoned",
+            ],
         )?;
-        let now = write.sim.clock.now();
         let intent = self.intent_mut(id)?;
         if matches!(
             intent.status,
@@ -939,7 +954,6 @@ impl Account {
         intent.canceled_at = Some(unix_now());
         intent.cancellation_reason = reason;
         intent.amount_capturable = 0;
-        intent.written_at = now;
         let body = intent.to_json();
         write.sim.ledger.record(
             SYSTEM,
@@ -1178,7 +1192,7 @@ async fn search_intents(
             .intents
             .iter()
             .rev()
-            .filter(|i| i.written_at <= visible_since && query.matches(i))
+            .filter(|i| i.created_on_clock <= visible_since && query.matches(i))
             .collect();
         let has_more = hits.len() > offset + limit;
         let data: Vec<Value> = hits
@@ -1253,7 +1267,9 @@ async fn authenticate(request: Request, next: Next) -> Response {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .map(str::trim);
-    let token = header.and_then(|h| h.strip_prefix("Bearer ")).map(str::trim);
+    let token = header
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(str::trim);
     match token {
         Some(token) if is_api_key(token) => next.run(request).await,
         Some(token) if !token.is_empty() => ApiError::new(
@@ -1277,9 +1293,9 @@ fn is_api_key(token: &str) -> bool {
     ["sk_test_", "sk_live_", "rk_test_", "rk_live_"]
         .iter()
         .any(|prefix| {
-            token
-                .strip_prefix(prefix)
-                .is_some_and(|rest| !rest.is_empty() && rest.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            token.strip_prefix(prefix).is_some_and(|rest| {
+                !rest.is_empty() && rest.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            })
         })
 }
 
@@ -1354,9 +1370,13 @@ impl SearchQuery {
             let field = match name.as_str() {
                 "metadata" => {
                     if !parser.eat('[') {
-                        return Err(refuse("metadata needs a key in brackets, as metadata['key']"));
+                        return Err(refuse(
+                            "metadata needs a key in brackets, as metadata['key']",
+                        ));
                     }
-                    let key = parser.quoted().ok_or_else(|| refuse("a metadata key must be quoted"))?;
+                    let key = parser
+                        .quoted()
+                        .ok_or_else(|| refuse("a metadata key must be quoted"))?;
                     if !parser.eat(']') {
                         return Err(refuse("unclosed metadata key"));
                     }
@@ -1377,7 +1397,9 @@ impl SearchQuery {
                 return Err(refuse("only the `:` operator is supported here"));
             }
             let value = match field {
-                Field::Amount => parser.number().ok_or_else(|| refuse("amount takes a number"))?,
+                Field::Amount => parser
+                    .number()
+                    .ok_or_else(|| refuse("amount takes a number"))?,
                 _ => parser
                     .quoted()
                     .ok_or_else(|| refuse("string values must be quoted"))?,
@@ -1473,7 +1495,10 @@ impl Cursor {
     /// A string in single or double quotes; a backslash escapes the next
     /// character.
     fn quoted(&mut self) -> Option<String> {
-        let quote = *self.chars.get(self.at).filter(|c| **c == '\'' || **c == '"')?;
+        let quote = *self
+            .chars
+            .get(self.at)
+            .filter(|c| **c == '\'' || **c == '"')?;
         self.at += 1;
         let mut out = String::new();
         loop {
