@@ -12,6 +12,7 @@
 //! - `DELETE /_sim/faults` — clear all faults.
 
 pub mod orders;
+pub mod stripe;
 pub mod warehouse;
 
 use axum::body::{Body, Bytes};
