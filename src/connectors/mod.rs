@@ -7,6 +7,7 @@
 //! call never finds out at run time.
 
 pub mod http;
+pub mod slack;
 pub mod wire;
 
 use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
@@ -48,6 +49,8 @@ impl ConnectorSet {
             };
             let built: Result<(Vec<String>, Arc<dyn Connector>), Vec<String>> = match name.as_str() {
                 "http" => http::HttpConnector::from_settings(table, wire.clone())
+                    .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
+                "slack" => slack::SlackConnector::from_settings(table, wire.clone())
                     .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
                 other => Err(vec![format!(
                     "connector `{other}` is not one this build has (stripe, jira, zendesk, slack, smtp, http)"

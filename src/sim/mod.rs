@@ -11,6 +11,8 @@
 //! - `POST /_sim/faults` — inject a [`FaultRule`];
 //! - `DELETE /_sim/faults` — clear all faults.
 
+pub mod slack;
+
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, Method, StatusCode};
