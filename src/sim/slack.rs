@@ -197,10 +197,13 @@ impl Workspace {
     }
 }
 
+/// A Slack error code (`channel_not_found`), answered with [`refuse`].
+type Refusal = &'static str;
+
 /// The bearer token check every method starts with.
-fn authorised(headers: &HeaderMap) -> Result<(), Response> {
+fn authorised(headers: &HeaderMap) -> Result<(), Refusal> {
     let Some(value) = headers.get(header::AUTHORIZATION) else {
-        return Err(refuse("not_authed"));
+        return Err("not_authed");
     };
     let token = value
         .to_str()
@@ -209,17 +212,17 @@ fn authorised(headers: &HeaderMap) -> Result<(), Response> {
         .map(str::trim)
         .unwrap_or("");
     if token.is_empty() {
-        Err(refuse("not_authed"))
+        Err("not_authed")
     } else if (token.starts_with("xoxb-") || token.starts_with("xoxp-")) && token.len() > 8 {
         Ok(())
     } else {
-        Err(refuse("invalid_auth"))
+        Err("invalid_auth")
     }
 }
 
 /// The arguments of a POST: Slack takes JSON or a form, so both are read.
 /// Form values are strings; JSON keeps its types.
-fn arguments(headers: &HeaderMap, body: &[u8]) -> Result<Map<String, Value>, Response> {
+fn arguments(headers: &HeaderMap, body: &[u8]) -> Result<Map<String, Value>, Refusal> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -230,7 +233,7 @@ fn arguments(headers: &HeaderMap, body: &[u8]) -> Result<Map<String, Value>, Res
     if content_type.starts_with("application/json") {
         match serde_json::from_slice::<Value>(body) {
             Ok(Value::Object(map)) => Ok(map),
-            _ => Err(refuse("invalid_json")),
+            _ => Err("invalid_json"),
         }
     } else if content_type.starts_with("application/x-www-form-urlencoded") {
         Ok(form_fields(body)
@@ -238,9 +241,9 @@ fn arguments(headers: &HeaderMap, body: &[u8]) -> Result<Map<String, Value>, Res
             .map(|(k, v)| (k, Value::String(v)))
             .collect())
     } else if content_type.is_empty() {
-        Err(refuse("missing_post_type"))
+        Err("missing_post_type")
     } else {
-        Err(refuse("invalid_post_type"))
+        Err("invalid_post_type")
     }
 }
 
@@ -265,12 +268,12 @@ fn text_arg<'a>(args: &'a Map<String, Value>, name: &str) -> Option<&'a str> {
 }
 
 /// `metadata` may come as an object (JSON body) or as a JSON string (form).
-fn metadata_arg(args: &Map<String, Value>) -> Result<Option<Value>, Response> {
+fn metadata_arg(args: &Map<String, Value>) -> Result<Option<Value>, Refusal> {
     let metadata = match args.get("metadata") {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(text)) if text.is_empty() => return Ok(None),
         Some(Value::String(text)) => {
-            serde_json::from_str(text).map_err(|_| refuse("invalid_metadata_format"))?
+            serde_json::from_str(text).map_err(|_| "invalid_metadata_format")?
         }
         Some(other) => other.clone(),
     };
@@ -282,21 +285,21 @@ fn metadata_arg(args: &Map<String, Value>) -> Result<Option<Value>, Response> {
             "event_payload": metadata["event_payload"],
         })))
     } else {
-        Err(refuse("invalid_metadata_format"))
+        Err("invalid_metadata_format")
     }
 }
 
 async fn post_message(State(slack): State<SlackSim>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(refused) = authorised(&headers) {
-        return refused;
+    if let Err(code) = authorised(&headers) {
+        return refuse(code);
     }
     let args = match arguments(&headers, &body) {
         Ok(args) => args,
-        Err(refused) => return refused,
+        Err(code) => return refuse(code),
     };
     let metadata = match metadata_arg(&args) {
         Ok(metadata) => metadata,
-        Err(refused) => return refused,
+        Err(code) => return refuse(code),
     };
     let text = text_arg(&args, "text").unwrap_or("").to_owned();
     let mut workspace = slack.workspace.lock().expect("slack workspace lock");
@@ -345,12 +348,12 @@ async fn delete_message(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(refused) = authorised(&headers) {
-        return refused;
+    if let Err(code) = authorised(&headers) {
+        return refuse(code);
     }
     let args = match arguments(&headers, &body) {
         Ok(args) => args,
-        Err(refused) => return refused,
+        Err(code) => return refuse(code),
     };
     let mut workspace = slack.workspace.lock().expect("slack workspace lock");
     let Some(channel) = text_arg(&args, "channel").and_then(|c| workspace.channel_mut(c, false))
@@ -394,8 +397,8 @@ async fn history(
     headers: HeaderMap,
     Query(args): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Err(refused) = authorised(&headers) {
-        return refused;
+    if let Err(code) = authorised(&headers) {
+        return refuse(code);
     }
     let lag = slack.sim.faults.search_lag();
     let now = slack.sim.clock.now();
@@ -477,8 +480,8 @@ async fn list_channels(
     headers: HeaderMap,
     Query(args): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Err(refused) = authorised(&headers) {
-        return refused;
+    if let Err(code) = authorised(&headers) {
+        return refuse(code);
     }
     let types = args
         .get("types")
