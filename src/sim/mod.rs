@@ -12,6 +12,7 @@
 //! - `DELETE /_sim/faults` — clear all faults.
 
 pub mod slack;
+pub mod smtp;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
