@@ -5,7 +5,7 @@ Every accepted message is written to DIR as <n>.eml (the data as received)
 and <n>.json (envelope: mail_from, rcpt_tos). The files appear atomically,
 so a reader never sees half a message.
 
-    python3 scripts/smtp-server.py --port 0 --dir /tmp/mail \
+    python3 scripts/smtp-server.py --port 0 --dir DIR \
         [--drop-after-data] [--reject-recipient a@example.com ...]
 
 --drop-after-data  write the message, then close the connection without
