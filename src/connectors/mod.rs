@@ -7,6 +7,8 @@
 //! call never finds out at run time.
 
 pub mod http;
+pub mod slack;
+pub mod smtp;
 pub mod stripe;
 pub mod wire;
 
@@ -16,6 +18,9 @@ use async_trait::async_trait;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// A configured connector and the operations it serves.
+type Built = (Vec<String>, Arc<dyn Connector>);
 
 /// Operation name → the connector that performs it.
 #[derive(Clone, Default)]
@@ -47,10 +52,14 @@ impl ConnectorSet {
                 mistakes.push(format!("connector `{name}`: expected a table of settings"));
                 continue;
             };
-            let built: Result<(Vec<String>, Arc<dyn Connector>), Vec<String>> = match name.as_str() {
+            let built: Result<Built, Vec<String>> = match name.as_str() {
                 "http" => http::HttpConnector::from_settings(table, wire.clone())
                     .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
                 "stripe" => stripe::StripeConnector::from_settings(table, wire.clone())
+                    .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
+                "slack" => slack::SlackConnector::from_settings(table, wire.clone())
+                    .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
+                "smtp" => smtp::SmtpConnector::from_settings(table)
                     .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
                 other => Err(vec![format!(
                     "connector `{other}` is not one this build has (stripe, jira, zendesk, slack, smtp, http)"

@@ -12,6 +12,8 @@
 //! - `DELETE /_sim/faults` — clear all faults.
 
 pub mod orders;
+pub mod slack;
+pub mod smtp;
 pub mod stripe;
 pub mod warehouse;
 
