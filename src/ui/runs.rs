@@ -104,7 +104,7 @@ pub fn RunsPage() -> impl IntoView {
 fn runs_table(list: RunsList, status: Option<String>) -> AnyView {
     if list.rows.is_empty() {
         return view! {
-            <p class="empty">"No runs here. A run appears as soon as an agent starts one through the API."</p>
+            <p class="empty">"No runs yet. A run appears here as soon as an agent starts one through the API."</p>
         }
         .into_any();
     }
