@@ -11,6 +11,10 @@
 //! - `POST /_sim/faults` — inject a [`FaultRule`];
 //! - `DELETE /_sim/faults` — clear all faults.
 
+pub mod credentials;
+pub mod jira;
+pub mod zendesk;
+
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, Method, StatusCode};
