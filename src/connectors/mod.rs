@@ -7,7 +7,9 @@
 //! call never finds out at run time.
 
 pub mod http;
+pub mod jira;
 pub mod wire;
+pub mod zendesk;
 
 use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
 use crate::saga::registry::Registry;
@@ -15,6 +17,9 @@ use async_trait::async_trait;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// A connector built from its settings, with the operations it serves.
+type Built = Result<(Vec<String>, Arc<dyn Connector>), Vec<String>>;
 
 /// Operation name → the connector that performs it.
 #[derive(Clone, Default)]
@@ -46,8 +51,12 @@ impl ConnectorSet {
                 mistakes.push(format!("connector `{name}`: expected a table of settings"));
                 continue;
             };
-            let built: Result<(Vec<String>, Arc<dyn Connector>), Vec<String>> = match name.as_str() {
+            let built: Built = match name.as_str() {
                 "http" => http::HttpConnector::from_settings(table, wire.clone())
+                    .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
+                "jira" => jira::JiraConnector::from_settings(table, wire.clone())
+                    .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
+                "zendesk" => zendesk::ZendeskConnector::from_settings(table, wire.clone())
                     .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
                 other => Err(vec![format!(
                     "connector `{other}` is not one this build has (stripe, jira, zendesk, slack, smtp, http)"
