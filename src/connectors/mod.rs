@@ -7,10 +7,12 @@
 //! call never finds out at run time.
 
 pub mod http;
+pub mod jira;
 pub mod slack;
 pub mod smtp;
 pub mod stripe;
 pub mod wire;
+pub mod zendesk;
 
 use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
 use crate::saga::registry::Registry;
@@ -19,8 +21,8 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// A configured connector and the operations it serves.
-type Built = (Vec<String>, Arc<dyn Connector>);
+/// A connector built from its settings, with the operations it serves.
+type Built = Result<(Vec<String>, Arc<dyn Connector>), Vec<String>>;
 
 /// Operation name → the connector that performs it.
 #[derive(Clone, Default)]
@@ -52,10 +54,14 @@ impl ConnectorSet {
                 mistakes.push(format!("connector `{name}`: expected a table of settings"));
                 continue;
             };
-            let built: Result<Built, Vec<String>> = match name.as_str() {
+            let built: Built = match name.as_str() {
                 "http" => http::HttpConnector::from_settings(table, wire.clone())
                     .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
                 "stripe" => stripe::StripeConnector::from_settings(table, wire.clone())
+                    .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
+                "jira" => jira::JiraConnector::from_settings(table, wire.clone())
+                    .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
+                "zendesk" => zendesk::ZendeskConnector::from_settings(table, wire.clone())
                     .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
                 "slack" => slack::SlackConnector::from_settings(table, wire.clone())
                     .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),

@@ -11,11 +11,14 @@
 //! - `POST /_sim/faults` — inject a [`FaultRule`];
 //! - `DELETE /_sim/faults` — clear all faults.
 
+pub mod credentials;
+pub mod jira;
 pub mod orders;
 pub mod slack;
 pub mod smtp;
 pub mod stripe;
 pub mod warehouse;
+pub mod zendesk;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
