@@ -3,6 +3,8 @@ import { defineConfig } from '@playwright/test';
 // The dashboard, served by the real binary on a fresh SQLite file, driven in
 // Debian's Chromium (Playwright's own browser download is not used).
 const port = Number(process.env.SAGA_E2E_PORT ?? 3917);
+// The demo (simulators, staged runs) for the dashboard tests.
+const demoPort = Number(process.env.SAGA_E2E_DEMO_PORT ?? 3918);
 
 export default defineConfig({
   testDir: './tests',
@@ -11,8 +13,11 @@ export default defineConfig({
   workers: 1,
   reporter: [['list']],
   outputDir: './test-results',
+  projects: [
+    { name: 'sign-in', testMatch: /sign-in\.spec\.ts/, use: { baseURL: `http://127.0.0.1:${port}` } },
+    { name: 'dashboard', testMatch: /dashboard\.spec\.ts/, use: { baseURL: `http://127.0.0.1:${demoPort}` } },
+  ],
   use: {
-    baseURL: `http://127.0.0.1:${port}`,
     launchOptions: {
       executablePath: process.env.CHROMIUM_PATH ?? '/usr/bin/chromium',
       args: [
@@ -26,12 +31,22 @@ export default defineConfig({
       ],
     },
   },
-  webServer: {
-    command: `bash ./serve-for-tests.sh ${port}`,
-    url: `http://127.0.0.1:${port}/healthz`,
-    reuseExistingServer: false,
-    timeout: 60_000,
-    stdout: 'pipe',
-    stderr: 'pipe',
-  },
+  webServer: [
+    {
+      command: `bash ./serve-for-tests.sh ${port}`,
+      url: `http://127.0.0.1:${port}/healthz`,
+      reuseExistingServer: false,
+      timeout: 60_000,
+      stdout: 'pipe',
+      stderr: 'pipe',
+    },
+    {
+      command: `bash ./serve-demo-for-tests.sh ${demoPort}`,
+      url: `http://127.0.0.1:${demoPort}/healthz`,
+      reuseExistingServer: false,
+      timeout: 60_000,
+      stdout: 'pipe',
+      stderr: 'pipe',
+    },
+  ],
 });

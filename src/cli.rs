@@ -5,6 +5,8 @@ use crate::auth;
 use crate::config::{Cli, Command, DatabaseArgs, TokenCommand, UserCommand};
 use crate::saga::class::Role;
 use crate::server::Application;
+use crate::sim::bundle::Simulators;
+
 use crate::store;
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -79,6 +81,16 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 .await?;
             eprintln!("token for agent {agent} (shown once; only its hash is stored):");
             println!("{token}");
+            Ok(())
+        }
+        Command::Demo(args) => crate::demo::run(args).await,
+        Command::Sim(args) => {
+            let sims = Simulators::start(args.ip, args.first_port).await?;
+            for (name, url) in sims.addresses() {
+                println!("{name:<10} {url}");
+            }
+            eprintln!("each HTTP simulator serves GET /_sim/ledger and POST /_sim/faults; Ctrl-C stops them");
+            tokio::signal::ctrl_c().await?;
             Ok(())
         }
     }

@@ -35,6 +35,39 @@ pub enum Command {
     /// Manage agents' API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Run the simulated Stripe, Jira, Zendesk, Slack, SMTP, back office and
+    /// warehouse on loopback (what tools/support.toml points at).
+    Sim(SimArgs),
+    /// Start the simulators and the server on a fresh SQLite file, and run a
+    /// scripted agent that leaves runs to look at in the dashboard.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct DemoArgs {
+    /// Address the dashboard and the agent API listen on.
+    #[arg(long, env = "SAGA_BIND", default_value = "127.0.0.1:3000")]
+    pub bind: SocketAddr,
+    /// The demo's own SQLite file, emptied at every start.
+    #[arg(long, default_value = "saga-demo.db")]
+    pub database: PathBuf,
+    /// Address the simulators listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub sim_ip: std::net::IpAddr,
+    /// First of the simulators' eight consecutive ports; 0 picks free ports.
+    #[arg(long, default_value_t = 4101)]
+    pub first_port: u16,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct SimArgs {
+    /// Address the simulators listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub ip: std::net::IpAddr,
+    /// First of eight consecutive ports (stripe, jira, zendesk, slack, smtp,
+    /// orders, warehouse, mailbox); 0 picks free ports.
+    #[arg(long, default_value_t = 4101)]
+    pub first_port: u16,
 }
 
 #[derive(Debug, Args, Clone)]

@@ -19,6 +19,8 @@ pub mod config;
 #[cfg(feature = "ssr")]
 pub mod connectors;
 #[cfg(feature = "ssr")]
+pub mod demo;
+#[cfg(feature = "ssr")]
 pub mod server;
 #[cfg(feature = "ssr")]
 pub mod sim;

@@ -370,4 +370,18 @@ fn settings_mistakes_are_each_named_and_a_token_is_never_echoed() {
         assert!(all.contains(expected), "missing {expected:?} in:\n{all}");
     }
     assert!(!all.contains("tok_s3cr3t_value"));
+
+    let good: toml::Table = toml::from_str(
+        r#"
+        [crm]
+        base_url = "http://crm.example"
+        token_env = "SAGA_TEST_HTTP_TOKEN"
+        [crm.operations.note]
+        method = "GET"
+        path = "/notes"
+        "#,
+    )
+    .unwrap();
+    let connector = HttpConnector::from_settings(&good, Wire::new(&Timeouts::default())).unwrap();
+    assert!(!format!("{connector:?}").contains("tok_s3cr3t_value"));
 }

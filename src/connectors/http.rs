@@ -26,7 +26,7 @@
 //! percent-encoded. A way back (undo, compensation) is another operation
 //! named by the tool's `undo` or `compensation`.
 
-use super::wire::{self, Wire};
+use super::wire::{self, Secret, Wire};
 use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
 use crate::saga::registry::fill;
 use async_trait::async_trait;
@@ -96,7 +96,7 @@ fn get() -> String {
 #[derive(Clone, Debug)]
 struct Operation {
     base_url: String,
-    token: Option<String>,
+    token: Option<Secret>,
     method: Method,
     path: String,
     body: Option<Value>,
@@ -144,7 +144,7 @@ impl HttpConnector {
             };
             let token = match &parsed.token_env {
                 Some(variable) => match wire::secret_from_env(&label, "token_env", variable) {
-                    Ok(token) => Some(token),
+                    Ok(token) => Some(Secret::new(token)),
                     Err(e) => {
                         mistakes.push(e);
                         continue;
@@ -201,7 +201,7 @@ impl HttpConnector {
             .client()
             .request(method.clone(), format!("{}{path}", op.base_url));
         if let Some(token) = &op.token {
-            request = request.bearer_auth(token);
+            request = request.bearer_auth(token.expose());
         }
         Ok(request)
     }
@@ -211,7 +211,7 @@ fn operation(
     name: &str,
     op: OperationSettings,
     base_url: &str,
-    token: &Option<String>,
+    token: &Option<Secret>,
 ) -> Result<Operation, Vec<String>> {
     let mut mistakes = Vec::new();
     let method = parse_method(name, "method", &op.method).map_err(|e| mistakes.push(e));

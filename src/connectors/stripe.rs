@@ -270,12 +270,14 @@ impl StripeConnector {
         let intent_id = id_of(&intent).unwrap_or_default();
         let refunds = match self.refunds_of(&intent_id).await {
             Ok(refunds) => refunds,
-            Err(e) => return CallReport::NotSent {
-                reason: format!(
+            Err(e) => {
+                return CallReport::NotSent {
+                    reason: format!(
                     "{}: could not read the refunds of {intent_id}, so no refund was sent ({e})",
                     op.name()
                 ),
-            },
+                }
+            }
         };
         if let Some(done) = refunds.iter().find(|r| carries(r, "saga_key", key)) {
             return already_done(done.clone());

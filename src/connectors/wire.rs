@@ -131,6 +131,27 @@ fn describe(err: &reqwest::Error) -> String {
     }
 }
 
+/// A credential: kept out of `Debug` output, logs and messages.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: String) -> Self {
+        Secret(value)
+    }
+
+    /// The value, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
 /// A credential named in the tools file, read from the environment.
 pub fn secret_from_env(connector: &str, field: &str, variable: &str) -> Result<String, String> {
     match std::env::var(variable) {

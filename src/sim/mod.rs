@@ -11,6 +11,7 @@
 //! - `POST /_sim/faults` — inject a [`FaultRule`];
 //! - `DELETE /_sim/faults` — clear all faults.
 
+pub mod bundle;
 pub mod credentials;
 pub mod jira;
 pub mod orders;
@@ -160,6 +161,10 @@ pub struct Faults(Arc<Mutex<FaultState>>);
 struct FaultState {
     rules: Vec<FaultRule>,
     search_lag: Duration,
+    /// Every request that reached the simulator, as (method, path): tests
+    /// count attempts, not only effects (an idempotent replay hides a
+    /// second attempt from the ledger).
+    seen: Vec<(Method, String)>,
 }
 
 impl Faults {
@@ -183,9 +188,21 @@ impl Faults {
         self.0.lock().expect("faults lock").search_lag
     }
 
+    /// How many requests with this method reached a path starting with
+    /// `path`.
+    pub fn requests_to(&self, method: &str, path: &str) -> usize {
+        let state = self.0.lock().expect("faults lock");
+        state
+            .seen
+            .iter()
+            .filter(|(m, p)| m.as_str().eq_ignore_ascii_case(method) && p.starts_with(path))
+            .count()
+    }
+
     /// The fault for this request, used up by one.
     fn take(&self, method: &Method, path: &str) -> Option<Fault> {
         let mut state = self.0.lock().expect("faults lock");
+        state.seen.push((method.clone(), path.to_owned()));
         let position = state
             .rules
             .iter()

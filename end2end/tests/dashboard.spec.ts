@@ -1,0 +1,212 @@
+import { test, expect, type Page, type APIRequestContext } from '@playwright/test';
+
+// The dashboard against `saga-harness demo`: each test stages its own run
+// through the agent API, acts in the browser, and checks the simulated
+// systems' own ledgers (what really happened), not only the page.
+
+const PASSWORD = 'correct horse battery';
+const TOKEN = 'sh_e2e_demo_agent_token';
+const SIM = {
+  stripe: 'http://127.0.0.1:4301',
+  orders: 'http://127.0.0.1:4306',
+  mailbox: 'http://127.0.0.1:4308',
+};
+
+type Effect = { system: string; action: string; key: string | null; object: string; detail: any };
+
+async function api(request: APIRequestContext, method: 'GET' | 'POST', path: string, data?: unknown) {
+  const response = await request.fetch(`/api/v1${path}`, {
+    method,
+    headers: { Authorization: `Bearer ${TOKEN}` },
+    data,
+  });
+  const body = await response.json();
+  expect(response.status(), `${method} ${path}: ${JSON.stringify(body)}`).toBeLessThan(300);
+  return body;
+}
+
+async function ledger(request: APIRequestContext, base: string): Promise<Effect[]> {
+  return (await request.get(`${base}/_sim/ledger`)).json();
+}
+
+async function newRun(request: APIRequestContext, purpose: string): Promise<string> {
+  const created = await api(request, 'POST', '/runs', { label: `${purpose} ${Date.now()}-${Math.random()}`, purpose });
+  return created.run.id;
+}
+
+async function act(request: APIRequestContext, run: string, step: number, tool: string, args: unknown) {
+  const out = await api(request, 'POST', `/runs/${run}/calls`, { tool, args, step });
+  expect(out.outcome, JSON.stringify(out)).toBe('confirmed');
+  return out;
+}
+
+/** A run with a draft and a card hold staged, and a pivot proposed. */
+async function stagePivot(request: APIRequestContext, purpose: string) {
+  const run = await newRun(request, purpose);
+  const draft = await act(request, run, 0, 'create_email_draft', {
+    to: 'grace@example.com', subject: 'Your replacement', body: 'A new lamp ships today.',
+  });
+  const hold = await act(request, run, 1, 'authorize_payment', {
+    customer: 'cus_grace', amount: 3200, currency: 'usd',
+  });
+  await api(request, 'POST', `/runs/${run}/pivot`, {
+    summary: `${purpose}: capture the hold and tell Grace`,
+    commit: [
+      { tool: 'capture_payment', args: { intent_key: hold.key, amount: 3200 } },
+      { tool: 'send_email', args: { to: 'grace@example.com', subject: 'Your replacement', body: 'It ships today.' } },
+    ],
+  });
+  return { run, draftKey: draft.key as string, holdRef: hold.external_ref as string };
+}
+
+/** A run whose customer-visible charge was unwound: a correction waits. */
+async function stageCorrection(request: APIRequestContext, purpose: string) {
+  const run = await newRun(request, purpose);
+  await act(request, run, 0, 'charge_card', {
+    customer: 'cus_alan', amount: 1500, currency: 'usd', email: 'alan@example.com', receipt: true,
+  });
+  await api(request, 'POST', `/runs/${run}/unwind`, { reason: 'charged the wrong customer' });
+  return run;
+}
+
+async function signIn(page: Page, who: string) {
+  await page.goto('/login');
+  await page.getByLabel('Username').fill(who);
+  await page.getByLabel('Password').fill(PASSWORD);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await expect(page.getByRole('heading', { name: 'Runs' })).toBeVisible();
+}
+
+function watchForErrors(page: Page) {
+  const problems: string[] = [];
+  page.on('pageerror', (err) => problems.push(err.message));
+  page.on('console', (msg) => {
+    if (msg.type() === 'error') problems.push(msg.text());
+  });
+  return problems;
+}
+
+async function approveFlow(page: Page, request: APIRequestContext) {
+  const { run } = await stagePivot(request, 'approve flow');
+  await signIn(page, 'lead');
+  await page.goto(`/runs/${run}`);
+  await expect(page.getByRole('heading', { name: /Pivot: approve flow/ })).toBeVisible();
+  await expect(page.getByText('capture_payment').first()).toBeVisible();
+  await page.getByRole('button', { name: 'Approve' }).click();
+  await expect(page.getByText(/approved by lead at/)).toBeVisible();
+  await expect(page.getByRole('button', { name: 'Approve' })).toHaveCount(0);
+
+  // Checked in the systems: the capture and the email happened, once each.
+  const view = await api(request, 'GET', `/runs/${run}`);
+  expect(view.run.status).toBe('COMPLETED');
+  const captureKey = view.steps[2].idempotency_key;
+  const emailKey = view.steps[3].idempotency_key;
+  const captured = (await ledger(request, SIM.stripe)).filter((e) => e.action === 'payment_intent.captured' && e.key === captureKey);
+  expect(captured).toHaveLength(1);
+  const mails = (await ledger(request, SIM.mailbox)).filter((e) => e.key === emailKey);
+  expect(mails).toHaveLength(1);
+  return run;
+}
+
+async function sendCorrectionFlow(page: Page, request: APIRequestContext) {
+  const run = await stageCorrection(request, 'send correction');
+  await signIn(page, 'lead');
+  await page.goto('/corrections');
+  const card = page.locator('li.correction').filter({ has: page.locator(`a[href="/runs/${run}"]`) });
+  await expect(card).toBeVisible();
+  const key = await card.locator('code').innerText();
+  await card.getByLabel('Message (edit before sending)').fill('We refunded the 15.00 charge we made by mistake. Sorry!');
+  await card.getByRole('button', { name: 'Send' }).click();
+  await expect(page.getByRole('status')).toContainText('sent to alan@example.com');
+
+  // The email went out once, under the correction's own key, edited.
+  const mails = (await ledger(request, SIM.mailbox)).filter((e) => e.key === key);
+  expect(mails).toHaveLength(1);
+  expect(JSON.stringify(mails[0].detail.headers)).toContain(key);
+  expect(mails[0].detail.body).toContain('15.00 charge we made by mistake');
+}
+
+test('a lead approves a pivot in one click and the commit steps run in the real systems', async ({ page, request }) => {
+  const problems = watchForErrors(page);
+  const run = await approveFlow(page, request);
+  await page.goto(`/runs/${run}`);
+  await expect(page.locator('figure.timeline svg')).toBeVisible();
+  await page.screenshot({ path: 'test-results/run-page.png', fullPage: true });
+  expect(problems, 'browser errors (hydration, wasm)').toEqual([]);
+});
+
+test('rejecting a pivot unwinds the staged steps', async ({ page, request }) => {
+  const problems = watchForErrors(page);
+  const { run, draftKey, holdRef } = await stagePivot(request, 'reject flow');
+  await signIn(page, 'lead');
+  await page.goto(`/runs/${run}`);
+  await page.getByRole('button', { name: 'Reject' }).click();
+  await expect(page.getByText(/rejected by lead at/)).toBeVisible();
+
+  const view = await api(request, 'GET', `/runs/${run}`);
+  expect(view.run.status).toBe('UNWOUND');
+  const deleted = (await ledger(request, SIM.orders)).filter((e) => e.action === 'draft.deleted' && e.key === draftKey);
+  expect(deleted).toHaveLength(1);
+  const canceled = (await ledger(request, SIM.stripe)).filter((e) => e.action === 'payment_intent.canceled' && e.object === holdRef);
+  expect(canceled).toHaveLength(1);
+  expect(problems).toEqual([]);
+});
+
+test('a lead edits and sends a correction; another is dismissed with a reason and audited', async ({ page, request }) => {
+  const problems = watchForErrors(page);
+  await sendCorrectionFlow(page, request);
+
+  const run = await stageCorrection(request, 'dismiss correction');
+  await page.goto('/corrections');
+  await page.screenshot({ path: 'test-results/inbox.png', fullPage: true });
+  const card = page.locator('li.correction').filter({ has: page.locator(`a[href="/runs/${run}"]`) });
+  const key = await card.locator('code').innerText();
+  await card.getByLabel('Reason to dismiss').fill('the customer was told by phone');
+  await card.getByRole('button', { name: 'Dismiss' }).click();
+  await expect(page.getByRole('status')).toContainText('dismissed');
+  const mails = (await ledger(request, SIM.mailbox)).filter((e) => e.key === key);
+  expect(mails).toHaveLength(0);
+
+  await page.goto('/audit');
+  await expect(page.getByText('the customer was told by phone')).toBeVisible();
+  expect(problems).toEqual([]);
+});
+
+test('a viewer sees the pivot but cannot approve it, not even by a hand-made request', async ({ page, request, baseURL }) => {
+  const { run } = await stagePivot(request, 'viewer flow');
+  await signIn(page, 'viewer');
+  await page.goto(`/runs/${run}`);
+  await expect(page.getByRole('heading', { name: /Pivot: viewer flow/ })).toBeVisible();
+  await expect(page.getByRole('button', { name: 'Approve' })).toHaveCount(0);
+  await expect(page.getByText('Only an approver can decide this pivot.')).toBeVisible();
+
+  const view = await api(request, 'GET', `/runs/${run}`);
+  const refused = await page.request.post('/api/decide_pivot', {
+    headers: { Origin: baseURL! },
+    form: { run, approval: String(view.pivot.id), digest: view.pivot.digest, decision: 'approve' },
+  });
+  expect(refused.status()).toBe(403);
+  const after = await api(request, 'GET', `/runs/${run}`);
+  expect(after.run.status).toBe('AWAITING_APPROVAL');
+});
+
+test('the runs list puts waiting runs first', async ({ page }) => {
+  await signIn(page, 'admin');
+  // The demo stages its own runs as the server starts; wait for them.
+  await expect(async () => {
+    await page.reload();
+    await expect(page.getByRole('link', { name: "Grace's lamp was lost in transit" })).toBeVisible({ timeout: 1000 });
+  }).toPass({ timeout: 30_000 });
+  const first = page.locator('table.runs tbody tr').first();
+  await expect(first.locator('.status')).toHaveText(/AWAITING_APPROVAL|STEP_HELD/);
+  await page.screenshot({ path: 'test-results/runs-list.png', fullPage: true });
+});
+
+test.describe('without JavaScript', () => {
+  test.use({ javaScriptEnabled: false });
+
+  test('approving a pivot and sending a correction still work', async ({ page, request }) => {
+    await approveFlow(page, request);
+    await sendCorrectionFlow(page, request);
+  });
+});

@@ -1,0 +1,132 @@
+//! `saga-harness demo`, as a newcomer runs it: the binary starts the
+//! simulators and the server, its scripted agent works through the API, and
+//! what it leaves is checked through the API and the simulators' ledgers.
+
+use serde_json::Value;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const TOKEN: &str = "sh_demo_test_token";
+
+#[tokio::test]
+async fn the_demo_leaves_the_four_stories_visible_through_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_saga-harness"))
+        .args([
+            "demo",
+            "--bind",
+            &format!("127.0.0.1:{port}"),
+            "--first-port",
+            "0",
+        ])
+        .arg("--database")
+        .arg(dir.path().join("demo.db"))
+        .env("SAGA_DEMO_TOKEN", TOKEN)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the demo starts");
+    let stdout = child.stdout.take().unwrap();
+    let lines = tokio::task::spawn_blocking(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            let done = line.starts_with("stop with Ctrl-C");
+            lines.push(line);
+            if done {
+                break;
+            }
+        }
+        lines
+    });
+    let lines = tokio::time::timeout(Duration::from_secs(120), lines)
+        .await
+        .expect("the demo finishes staging within two minutes")
+        .unwrap();
+    let text = lines.join("\n");
+    assert!(text.contains("sign in as admin"), "{text}");
+    // "  run LABEL ID" and "  simulator NAME URL"
+    let mut runs = HashMap::new();
+    let mut sims = HashMap::new();
+    for line in &lines {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["run", label, id] => {
+                runs.insert(label.to_string(), id.to_string());
+            }
+            ["simulator", name, url] => {
+                sims.insert(name.to_string(), url.to_string());
+            }
+            _ => {}
+        }
+    }
+    let http = reqwest::Client::new();
+    let run = |label: &str| {
+        let id = runs[label].clone();
+        let http = http.clone();
+        async move {
+            http.get(format!("http://127.0.0.1:{port}/api/v1/runs/{id}"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let ledger = |name: &str| {
+        let url = format!("{}/_sim/ledger", sims[name]);
+        let http = http.clone();
+        async move {
+            let effects: Vec<Value> = http.get(url).send().await.unwrap().json().await.unwrap();
+            effects
+        }
+    };
+    let count =
+        |effects: &[Value], action: &str| effects.iter().filter(|e| e["action"] == action).count();
+
+    // The seed's incident, unwound: one ticket closed, one refund, no apology.
+    let incident = run("demo-incident-kettle").await;
+    assert_eq!(incident["run"]["status"], "UNWOUND", "{incident}");
+    let jira = ledger("jira").await;
+    assert_eq!(count(&jira, "issue.created"), 1);
+    assert_eq!(count(&jira, "issue.transitioned"), 1);
+    let stripe = ledger("stripe").await;
+    assert_eq!(count(&stripe, "refund.created"), 1);
+    assert!(
+        ledger("warehouse").await.is_empty(),
+        "the reship was refused"
+    );
+    // A refund-and-reship run waiting at the pivot.
+    let at_pivot = run("demo-reship-lamp").await;
+    assert_eq!(at_pivot["run"]["status"], "AWAITING_APPROVAL");
+    assert_eq!(at_pivot["pivot"]["status"], "pending");
+    // A sent email whose correction waits for sign-off (it is the only
+    // email besides the one whose connection dropped).
+    let corrected = run("demo-email-correction").await;
+    assert_eq!(corrected["run"]["status"], "UNWOUND");
+    assert_eq!(corrected["steps"][1]["tool"], "send_email");
+    assert_eq!(corrected["steps"][1]["status"], "CONFIRMED");
+    // A run that needs a person.
+    let attention = run("demo-needs-attention").await;
+    assert_eq!(attention["run"]["status"], "NEEDS_ATTENTION");
+    assert_eq!(attention["steps"][0]["status"], "UNKNOWN");
+    let mails = ledger("mailbox").await;
+    assert_eq!(
+        mails.len(),
+        2,
+        "the corrected email and the dropped one; no apology: {mails:?}"
+    );
+
+    let _ = child.kill();
+    let _ = child.wait();
+}
