@@ -404,7 +404,10 @@ mod tests {
 /// answer instead of acting twice (how Stripe, Zendesk and most internal
 /// APIs with an `Idempotency-Key` header behave).
 #[derive(Clone, Default)]
-pub struct Replays(Arc<Mutex<std::collections::HashMap<String, (Value, StatusCode, Value)>>>);
+pub struct Replays(Arc<Mutex<std::collections::HashMap<String, FirstUse>>>);
+
+/// The parameters a key was first used with, and the answer then given.
+type FirstUse = (Value, StatusCode, Value);
 
 /// What to do with a request carrying an idempotency key.
 pub enum Replay {
