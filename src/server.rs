@@ -349,6 +349,10 @@ async fn require_sign_in(session: Session, request: Request<Body>, next: Next) -
     }
     match session.get::<SessionUser>(SESSION_USER_KEY).await {
         Ok(Some(_)) => next.run(request).await,
+        // A stream cannot follow a redirect to a page: say why instead.
+        Ok(None) if request.uri().path() == ui::LIVE_PATH => {
+            (StatusCode::UNAUTHORIZED, "sign in first").into_response()
+        }
         Ok(None) => Redirect::to("/login").into_response(),
         Err(err) => {
             tracing::error!(%err, "reading the session");

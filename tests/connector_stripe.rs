@@ -1060,3 +1060,25 @@ async fn a_credential_never_appears_in_any_error_text() {
         assert!(!text.contains("Wr0ngKey"), "part of the key leaked: {text}");
     }
 }
+
+#[tokio::test]
+async fn r8_releasing_a_hold_that_was_captured_is_done_and_sends_nothing() {
+    let s = start().await;
+    let authorize = key();
+    let (id, _) = s
+        .confirmed("stripe.authorize", &authorize, &payment(3200))
+        .await;
+    let args = json!({"intent_key": authorize});
+    s.confirmed("stripe.capture", &key(), &args).await;
+    // The unwind releases the hold after the capture's refund: no hold is
+    // left, so the release is already done.
+    let release = key();
+    let (released, body) = s.confirmed("stripe.cancel", &release, &args).await;
+    assert_eq!(released, id);
+    assert_eq!(body["status"], "succeeded");
+    assert!(s.effects("payment_intent.canceled").is_empty());
+    assert_eq!(
+        found_ref(&s.lookup("stripe.cancel", &release, &args).await),
+        id
+    );
+}

@@ -84,7 +84,8 @@ impl Operation {
             Operation::Authorize => ("payment_intent", &["requires_capture", "succeeded"]),
             Operation::Charge => ("payment_intent", &["succeeded", "processing"]),
             Operation::Capture => ("payment_intent", &["succeeded"]),
-            Operation::Cancel => ("payment_intent", &["canceled"]),
+            // A captured intent holds nothing any more: see `cancel`.
+            Operation::Cancel => ("payment_intent", &["canceled", "succeeded"]),
             Operation::Refund => ("refund", &["succeeded", "pending", "requires_action"]),
         }
     }
@@ -245,7 +246,10 @@ impl StripeConnector {
             Ok(intent) => intent,
             Err(report) => return report,
         };
-        if status_of(&intent) == "canceled" {
+        // Releasing a hold is done once no hold remains: cancelled, or
+        // captured (the money then moved under the capture step, whose own
+        // compensation, a refund, takes it back).
+        if matches!(status_of(&intent), "canceled" | "succeeded") {
             return already_done(intent);
         }
         let form: Vec<(String, String)> = reason
@@ -687,16 +691,18 @@ impl Connector for StripeConnector {
                 }
             }
             Operation::Capture | Operation::Cancel => {
-                let wanted = if op == Operation::Capture {
-                    "succeeded"
+                let wanted: &[&str] = if op == Operation::Capture {
+                    &["succeeded"]
                 } else {
-                    "canceled"
+                    &["canceled", "succeeded"]
                 };
                 match self.find_intent(original("intent_key")?, customer).await? {
-                    Some(intent) if status_of(&intent) == wanted => Ok(Lookup::FoundSucceeded {
-                        external_ref: id_of(&intent).unwrap_or_default(),
-                        result: intent,
-                    }),
+                    Some(intent) if wanted.contains(&status_of(&intent)) => {
+                        Ok(Lookup::FoundSucceeded {
+                            external_ref: id_of(&intent).unwrap_or_default(),
+                            result: intent,
+                        })
+                    }
                     _ => Ok(Lookup::NotFound),
                 }
             }

@@ -104,6 +104,9 @@ fn LoginPage() -> impl IntoView {
 #[component]
 pub fn TopBar() -> impl IntoView {
     let live = live_tick();
+    // Only signed-in pages listen for changes (the stream needs a session).
+    #[cfg(feature = "hydrate")]
+    Effect::new(move |_| live::listen());
     let me = Resource::new(|| (), |_| current_user());
     let counts = Resource::new(move || live.get(), |_| nav_counts());
     let logout = ServerAction::<Logout>::new();
@@ -178,16 +181,13 @@ pub struct Waiting {
 /// A number that changes whenever the saga log does; resources that read
 /// it refetch. Without JS it never changes (pages are fresh on each load).
 pub fn live_tick() -> ReadSignal<u64> {
-    use_context::<ReadSignal<u64>>().unwrap_or_else(|| signal(0).0)
+    use_context::<(ReadSignal<u64>, WriteSignal<u64>)>()
+        .map(|(tick, _)| tick)
+        .unwrap_or_else(|| signal(0).0)
 }
 
 fn provide_live_updates() {
-    let (tick, set_tick) = signal(0u64);
-    provide_context(tick);
-    #[cfg(feature = "hydrate")]
-    Effect::new(move |_| live::listen(set_tick));
-    #[cfg(not(feature = "hydrate"))]
-    let _ = set_tick;
+    provide_context(signal(0u64));
 }
 
 #[cfg(feature = "hydrate")]
@@ -198,7 +198,18 @@ mod live {
     use wasm_bindgen::closure::Closure;
     use wasm_bindgen::JsCast;
 
-    pub fn listen(set_tick: WriteSignal<u64>) {
+    thread_local! {
+        static LISTENING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Opens the stream once per page load; later calls do nothing.
+    pub fn listen() {
+        let Some((_, set_tick)) = use_context::<(ReadSignal<u64>, WriteSignal<u64>)>() else {
+            return;
+        };
+        if LISTENING.with(|on| on.replace(true)) {
+            return;
+        }
         let Ok(source) = web_sys::EventSource::new(super::LIVE_PATH) else {
             return;
         };

@@ -545,7 +545,10 @@ mod ssr {
                 digest: a.digest.clone(),
                 status: a.status.as_str().to_owned(),
                 summary: a.summary.clone(),
-                decided_by: a.decided_by.clone(),
+                decided_by: a
+                    .decided_by
+                    .as_deref()
+                    .map(|who| who.trim_start_matches("user:").to_owned()),
                 decided_at: a
                     .decided_at
                     .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string()),
