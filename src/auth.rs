@@ -107,3 +107,107 @@ mod tests {
         assert_eq!(hash, token_hash(&a));
     }
 }
+
+/// Slows guessing: after `limit` failed sign-ins for one account, or from
+/// one address, within `window`, further attempts for it are refused until
+/// the oldest failure leaves the window. Kept in memory: each harness
+/// instance counts the attempts it sees.
+pub struct SignInThrottle {
+    limit: usize,
+    window: std::time::Duration,
+    failures: std::sync::Mutex<std::collections::HashMap<String, Vec<std::time::Instant>>>,
+}
+
+impl SignInThrottle {
+    /// Five failures in fifteen minutes.
+    pub fn standard() -> Self {
+        SignInThrottle::new(5, std::time::Duration::from_secs(15 * 60))
+    }
+
+    pub fn new(limit: usize, window: std::time::Duration) -> Self {
+        SignInThrottle {
+            limit,
+            window,
+            failures: Default::default(),
+        }
+    }
+
+    /// `Err(wait)` when any of `keys` (an account, an address) is over the
+    /// limit: how long until one more attempt is allowed.
+    pub fn check(&self, keys: &[String]) -> Result<(), std::time::Duration> {
+        let now = std::time::Instant::now();
+        let mut failures = self.failures.lock().expect("throttle lock");
+        let mut wait = std::time::Duration::ZERO;
+        for key in keys {
+            if let Some(times) = failures.get_mut(key) {
+                times.retain(|t| now.duration_since(*t) < self.window);
+                if times.len() >= self.limit {
+                    let oldest = times[times.len() - self.limit];
+                    wait = wait.max(self.window - now.duration_since(oldest));
+                }
+            }
+        }
+        if wait.is_zero() {
+            Ok(())
+        } else {
+            Err(wait)
+        }
+    }
+
+    pub fn failed(&self, keys: &[String]) {
+        let now = std::time::Instant::now();
+        let mut failures = self.failures.lock().expect("throttle lock");
+        for key in keys {
+            failures.entry(key.clone()).or_default().push(now);
+        }
+    }
+
+    /// A successful sign-in clears the account's count (not the address's).
+    pub fn succeeded(&self, account: &str) {
+        self.failures
+            .lock()
+            .expect("throttle lock")
+            .remove(account);
+    }
+}
+
+#[cfg(test)]
+mod throttle_tests {
+    use super::SignInThrottle;
+    use std::time::Duration;
+
+    fn keys(account: &str, address: &str) -> Vec<String> {
+        vec![format!("account:{account}"), format!("address:{address}")]
+    }
+
+    #[test]
+    fn the_sixth_attempt_within_the_window_waits() {
+        let throttle = SignInThrottle::new(5, Duration::from_secs(900));
+        let dana = keys("dana", "10.0.0.1");
+        for _ in 0..5 {
+            assert!(throttle.check(&dana).is_ok());
+            throttle.failed(&dana);
+        }
+        let wait = throttle.check(&dana).unwrap_err();
+        assert!(wait > Duration::from_secs(890) && wait <= Duration::from_secs(900));
+        // The same address trying another account waits too; another
+        // address for another account does not.
+        assert!(throttle.check(&keys("lee", "10.0.0.1")).is_err());
+        assert!(throttle.check(&keys("lee", "10.0.0.2")).is_ok());
+    }
+
+    #[test]
+    fn failures_leave_the_window_and_success_clears_the_account() {
+        let throttle = SignInThrottle::new(2, Duration::from_millis(50));
+        let dana = keys("dana", "10.0.0.1");
+        throttle.failed(&dana);
+        throttle.failed(&dana);
+        assert!(throttle.check(&dana).is_err());
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(throttle.check(&dana).is_ok());
+        throttle.failed(&dana[..1]);
+        throttle.failed(&dana[..1]);
+        throttle.succeeded("account:dana");
+        assert!(throttle.check(&dana[..1]).is_ok());
+    }
+}

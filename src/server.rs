@@ -34,6 +34,7 @@ pub struct AppState {
     pub store: Arc<dyn SagaStore>,
     pub registry: Arc<Registry>,
     pub engine: Arc<Engine>,
+    pub sign_ins: Arc<crate::auth::SignInThrottle>,
 }
 
 impl FromRef<AppState> for LeptosOptions {
@@ -151,6 +152,7 @@ impl Application {
             store,
             registry,
             engine,
+            sign_ins: Arc::new(crate::auth::SignInThrottle::standard()),
         };
         let router = router(state.clone(), &opened, args.secure_cookies).await?;
         Ok(Application {
@@ -185,7 +187,11 @@ impl Application {
                 }
             }
         });
-        let served = axum::serve(self.listener, self.router.into_make_service())
+        let served = axum::serve(
+            self.listener,
+            self.router
+                .into_make_service_with_connect_info::<SocketAddr>(),
+        )
             .with_graceful_shutdown(shutdown)
             .await
             .map_err(ServerError::Serve);

@@ -334,3 +334,33 @@ async fn r1_a_bad_tools_file_stops_start_up_naming_tool_and_field() {
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn after_five_failed_sign_ins_the_account_waits_even_with_the_right_password() {
+    let server = start(common::sqlite()).await;
+    let base = &server.base;
+    let client = client();
+    for attempt in 1..=5 {
+        let refused = sign_in(&client, base, "guess").await;
+        assert_eq!(refused.headers()["location"], "/login?error=1", "attempt {attempt}");
+    }
+    let throttled = sign_in(&client, base, "correct horse battery").await;
+    let location = throttled.headers()["location"].to_str().unwrap().to_owned();
+    assert!(location.starts_with("/login?error=throttled&wait=15"), "{location}");
+    let page = client
+        .get(format!("{base}{location}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("Too many failed sign-ins"), "{page}");
+    assert!(client
+        .get(format!("{base}/"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .is_redirection());
+}

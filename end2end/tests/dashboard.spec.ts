@@ -202,6 +202,34 @@ test('the runs list puts waiting runs first', async ({ page }) => {
   await page.screenshot({ path: 'test-results/runs-list.png', fullPage: true });
 });
 
+test('a person answers a question and the commit that waited carries on', async ({ page }) => {
+  const problems = watchForErrors(page);
+  await signIn(page, 'lead');
+  const link = page.getByRole('link', { name: 'Confirm the kettle replacement to Ada' });
+  await expect(async () => {
+    await page.reload();
+    await expect(link).toBeVisible({ timeout: 1000 });
+  }).toPass({ timeout: 30_000 });
+  await link.click();
+  await expect(page.getByRole('heading', { name: 'Needs a person' })).toBeVisible();
+  await page.getByRole('button', { name: 'It happened', exact: true }).click();
+  await expect(page.getByRole('status').first()).toContainText('Recorded: step 0 happened.');
+  await expect(page.locator('.run-head .status')).toHaveText('COMPLETED');
+  expect(problems).toEqual([]);
+});
+
+test('the inbox shows a new correction without a reload', async ({ page, request }) => {
+  const problems = watchForErrors(page);
+  await signIn(page, 'lead');
+  await page.goto('/corrections');
+  await expect(page.getByRole('heading', { name: 'Corrections waiting for sign-off' })).toBeVisible();
+  // Let the page hydrate and open its stream before anything changes.
+  await page.waitForLoadState('networkidle');
+  const run = await stageCorrection(request, 'live update');
+  await expect(page.locator(`li.correction a[href="/runs/${run}"]`)).toBeVisible({ timeout: 10_000 });
+  expect(problems).toEqual([]);
+});
+
 test.describe('without JavaScript', () => {
   test.use({ javaScriptEnabled: false });
 

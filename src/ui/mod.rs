@@ -76,7 +76,14 @@ pub fn App() -> impl IntoView {
 fn LoginPage() -> impl IntoView {
     let login = ServerAction::<Login>::new();
     let query = use_query_map();
-    let refused = move || query.read().get("error").is_some();
+    let refused = move || query.read().get("error").is_some_and(|e| e != "throttled");
+    let throttled = move || {
+        query
+            .read()
+            .get("error")
+            .filter(|e| e == "throttled")
+            .map(|_| query.read().get("wait").unwrap_or_else(|| "15".into()))
+    };
     view! {
         <Title text="Sign in · Saga Harness"/>
         <main class="login">
@@ -86,6 +93,12 @@ fn LoginPage() -> impl IntoView {
                 <Show when=refused>
                     <p class="error" role="alert">"Wrong username or password."</p>
                 </Show>
+                {move || throttled().map(|minutes| view! {
+                    <p class="error" role="alert">
+                        "Too many failed sign-ins for this account or from this address. Wait "
+                        {minutes} " minute(s), then try again."
+                    </p>
+                })}
                 <label>
                     "Username"
                     <input type="text" name="username" autocomplete="username" required autofocus/>
@@ -239,6 +252,17 @@ mod live {
 pub async fn login(username: String, password: String) -> Result<(), ServerFnError> {
     use crate::auth::verify_password;
     let state = ssr::app_state()?;
+    let address = leptos_axum::extract::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .await
+        .ok()
+        .map(|info| info.0.ip());
+    let mut keys = vec![format!("account:{}", username.trim().to_lowercase())];
+    keys.extend(address.map(|ip| format!("address:{ip}")));
+    if let Err(wait) = state.sign_ins.check(&keys) {
+        let minutes = wait.as_secs().div_ceil(60).max(1);
+        leptos_axum::redirect(&format!("/login?error=throttled&wait={minutes}"));
+        return Ok(());
+    }
     let credentials = state
         .store
         .credentials(username.trim())
@@ -254,9 +278,11 @@ pub async fn login(username: String, password: String) -> Result<(), ServerFnErr
         .await
         .map_err(ssr::internal)?;
     let Some(user) = user.filter(|_| verified) else {
+        state.sign_ins.failed(&keys);
         leptos_axum::redirect("/login?error=1");
         return Ok(());
     };
+    state.sign_ins.succeeded(&keys[0]);
     let session = ssr::session().await?;
     // A new id on sign-in, so a session id planted before it is worthless.
     session.cycle_id().await.map_err(ssr::internal)?;
