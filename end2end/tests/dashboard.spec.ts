@@ -221,10 +221,11 @@ test('a person answers a question and the commit that waited carries on', async 
 test('the inbox shows a new correction without a reload', async ({ page, request }) => {
   const problems = watchForErrors(page);
   await signIn(page, 'lead');
+  // The page opens its stream once hydrated; wait for that before changing anything.
+  const stream = page.waitForRequest((r) => r.url().endsWith('/dashboard/events'));
   await page.goto('/corrections');
   await expect(page.getByRole('heading', { name: 'Corrections waiting for sign-off' })).toBeVisible();
-  // Let the page hydrate and open its stream before anything changes.
-  await page.waitForLoadState('networkidle');
+  await stream;
   const run = await stageCorrection(request, 'live update');
   await expect(page.locator(`li.correction a[href="/runs/${run}"]`)).toBeVisible({ timeout: 10_000 });
   expect(problems).toEqual([]);
