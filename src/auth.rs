@@ -164,10 +164,7 @@ impl SignInThrottle {
 
     /// A successful sign-in clears the account's count (not the address's).
     pub fn succeeded(&self, account: &str) {
-        self.failures
-            .lock()
-            .expect("throttle lock")
-            .remove(account);
+        self.failures.lock().expect("throttle lock").remove(account);
     }
 }
 

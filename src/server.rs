@@ -192,9 +192,9 @@ impl Application {
             self.router
                 .into_make_service_with_connect_info::<SocketAddr>(),
         )
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(ServerError::Serve);
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(ServerError::Serve);
         sweeper.abort();
         served
     }

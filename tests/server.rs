@@ -342,11 +342,18 @@ async fn after_five_failed_sign_ins_the_account_waits_even_with_the_right_passwo
     let client = client();
     for attempt in 1..=5 {
         let refused = sign_in(&client, base, "guess").await;
-        assert_eq!(refused.headers()["location"], "/login?error=1", "attempt {attempt}");
+        assert_eq!(
+            refused.headers()["location"],
+            "/login?error=1",
+            "attempt {attempt}"
+        );
     }
     let throttled = sign_in(&client, base, "correct horse battery").await;
     let location = throttled.headers()["location"].to_str().unwrap().to_owned();
-    assert!(location.starts_with("/login?error=throttled&wait=15"), "{location}");
+    assert!(
+        location.starts_with("/login?error=throttled&wait=15"),
+        "{location}"
+    );
     let page = client
         .get(format!("{base}{location}"))
         .send()

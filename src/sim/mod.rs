@@ -90,6 +90,7 @@ impl Ledger {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Fault {
     /// The effect happens, then the client gets a gateway's 504 page.
+    #[serde(rename = "commit_then_504")]
     CommitThen504,
     /// The effect happens, then the connection drops before the answer.
     ResetAfterCommit,
@@ -388,6 +389,18 @@ mod tests {
         let prefix = FaultRule::new("POST", "/v1/payment_intents", Fault::RateLimit);
         assert!(prefix.matches(&Method::POST, "/v1/payment_intents"));
         assert!(prefix.matches(&Method::POST, "/v1/payment_intents/pi_1/cancel"));
+    }
+
+    #[test]
+    fn fault_rules_read_as_the_control_endpoint_takes_them() {
+        let rule: FaultRule = serde_json::from_str(
+            r#"{"method": "POST", "path": "/v1/refunds", "fault": {"kind": "commit_then_504"}}"#,
+        )
+        .unwrap();
+        assert_eq!(rule.fault, Fault::CommitThen504);
+        assert_eq!(rule.times, 1);
+        let delay: Fault = serde_json::from_str(r#"{"kind": "delay", "ms": 250}"#).unwrap();
+        assert_eq!(delay, Fault::Delay { ms: 250 });
     }
 
     #[test]
