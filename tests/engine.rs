@@ -890,6 +890,131 @@ async fn r8_reject_unwinds_the_staged_steps(s: Setup) {
     );
 }
 
+async fn r8_a_refused_compensation_waits_for_a_person_who_undoes_it_by_hand(s: Setup) {
+    let run = s.run().await;
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "x"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    s.world.fail_next("tickets.close", Fault::Status(422));
+    let waiting = s
+        .engine
+        .unwind(run.id, &Actor::Agent(AGENT.into()), "wrong customer")
+        .await
+        .unwrap();
+    assert_eq!(waiting.status, RunStatus::NeedsAttention);
+    assert!(s.world.effects("tickets.close").is_empty());
+    // Nothing to send again: the system refused it. A person closes the
+    // ticket by hand and says so; the unwind finishes.
+    let person = Actor::User("dana".into());
+    let err = s
+        .engine
+        .answer_compensation(run.id, 0, false, &person)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("undone by hand"), "{err}");
+    let row = s
+        .engine
+        .answer_compensation(run.id, 0, true, &person)
+        .await
+        .unwrap();
+    assert_eq!(row.status, StepStatus::Confirmed);
+    let run = s.store.run(run.id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Unwound);
+    assert_eq!(
+        s.store.step(run.id, 0).await.unwrap().unwrap().status,
+        StepStatus::Compensated
+    );
+    assert!(
+        s.world.effects("tickets.close").is_empty(),
+        "closed by hand, not by us"
+    );
+}
+
+async fn r8_an_unknown_compensation_a_person_says_did_not_happen_is_sent_again_once(s: Setup) {
+    let run = s.run().await;
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "x"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    // The close times out without taking effect, and no lookup answers.
+    s.world
+        .fail_next("tickets.close", Fault::TimeoutWithoutEffect);
+    s.world.lookups_down(true);
+    let waiting = s
+        .engine
+        .unwind(run.id, &Actor::Agent(AGENT.into()), "wrong customer")
+        .await
+        .unwrap();
+    assert_eq!(waiting.status, RunStatus::NeedsAttention);
+    s.world.lookups_down(false);
+    s.engine
+        .answer_compensation(run.id, 0, false, &Actor::User("dana".into()))
+        .await
+        .unwrap();
+    let run = s.store.run(run.id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Unwound);
+    assert_eq!(s.world.effects("tickets.close").len(), 1, "closed once");
+    assert_eq!(s.world.open_tickets(), 0);
+}
+
+async fn r9_a_person_may_unwind_a_run_whose_commit_waits_for_them(s: Setup) {
+    let run = s.run().await;
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "x"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    let plan = vec![PlannedCall {
+        tool: "reship".into(),
+        args: json!({"sku": "A1"}),
+    }];
+    let approval = s
+        .engine
+        .propose_pivot(AGENT, run.id, "reship", plan)
+        .await
+        .unwrap();
+    s.world.fail_next("warehouse.reship", Fault::Status(422));
+    let person = Actor::User("dana".into());
+    let after = s
+        .engine
+        .decide_pivot(approval.id, &approval.digest, true, &person)
+        .await
+        .unwrap();
+    assert_eq!(after.status, RunStatus::NeedsAttention);
+    // An agent may not; a person may.
+    let refused = s
+        .engine
+        .unwind(run.id, &Actor::Agent(AGENT.into()), "give up")
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), "run_past_pivot");
+    let unwound = s
+        .engine
+        .unwind(run.id, &person, "out of stock")
+        .await
+        .unwrap();
+    assert_eq!(unwound.status, RunStatus::Unwound);
+    assert_eq!(s.world.open_tickets(), 0);
+}
+
 async fn r8_compensations_run_internal_first_then_newest_first(s: Setup) {
     use saga_harness::saga::class::Audience;
     let run = s.run().await;
@@ -1457,6 +1582,9 @@ common::on_both_backends!(
     r9_a_failed_commit_step_waits_for_a_person,
     r8_reject_unwinds_the_staged_steps,
     r8_compensations_run_internal_first_then_newest_first,
+    r8_a_refused_compensation_waits_for_a_person_who_undoes_it_by_hand,
+    r8_an_unknown_compensation_a_person_says_did_not_happen_is_sent_again_once,
+    r9_a_person_may_unwind_a_run_whose_commit_waits_for_them,
     r8_an_unwind_that_dies_halfway_resumes_without_doubling,
     the_seed_incident,
     r10_a_correction_is_signed_off_then_sent_once,

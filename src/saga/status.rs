@@ -147,6 +147,9 @@ pub fn check_step_transition(
         (Unknown, Confirmed | Failed | NotExecuted) => true,
         (NotExecuted, Intended) => true,
         (Confirmed, Compensated) => lifecycle == Lifecycle::Step,
+        // A compensation the system refused that a person carried out by
+        // hand (only a person's answer makes this move).
+        (Failed, Confirmed) => lifecycle == Lifecycle::Compensation,
         _ => false,
     };
     if legal {
@@ -172,7 +175,8 @@ pub fn check_run_transition(
 ) -> Result<(), IllegalTransition> {
     use RunStatus::*;
     let legal = match (from, to) {
-        (NeedsAttention, back) => resume_to == Some(back),
+        // A person may also decide to unwind a run that waits for them.
+        (NeedsAttention, back) => resume_to == Some(back) || back == Unwinding,
         (Running, AwaitingApproval | Unwinding | Completed) => true,
         // Proposing again replaces the plan and keeps the status; a pivot
         // never leaves AWAITING_APPROVAL except by a decision.
@@ -506,5 +510,22 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn only_a_compensation_moves_from_failed_to_confirmed() {
+        use StepStatus::*;
+        assert!(check_step_transition(Lifecycle::Compensation, Failed, Confirmed).is_ok());
+        assert!(check_step_transition(Lifecycle::Step, Failed, Confirmed).is_err());
+    }
+
+    #[test]
+    fn a_run_waiting_for_a_person_may_be_unwound_or_return_where_it_was() {
+        use RunStatus::*;
+        for back in [Committing, Running, Rejected] {
+            assert!(check_run_transition(NeedsAttention, Unwinding, Some(back)).is_ok());
+            assert!(check_run_transition(NeedsAttention, back, Some(back)).is_ok());
+        }
+        assert!(check_run_transition(NeedsAttention, Completed, Some(Committing)).is_err());
     }
 }

@@ -35,7 +35,9 @@ impl Engine {
                 .ok_or(Refusal::RunNotFound)?;
             let may_start = match run.status {
                 RunStatus::Running | RunStatus::Rejected => true,
-                RunStatus::Committing | RunStatus::Completed => matches!(actor, Actor::User(_)),
+                RunStatus::Committing | RunStatus::Completed | RunStatus::NeedsAttention => {
+                    matches!(actor, Actor::User(_))
+                }
                 RunStatus::Unwinding => false,
                 RunStatus::AwaitingApproval => return Err(Refusal::RunAwaitingApproval),
                 status => return Err(Refusal::RunClosed { status }),
@@ -56,6 +58,80 @@ impl Engine {
             }
         }
         self.continue_unwind(run_id).await
+    }
+
+    /// A person's answer about a compensation the unwind could not finish
+    /// (R7, R8): `undone` says the effect is taken back (they checked, or
+    /// did it by hand); otherwise that the compensation did not happen, so
+    /// the unwind sends it again under its own key. The unwind carries on
+    /// once nothing else waits for a person.
+    pub async fn answer_compensation(
+        &self,
+        run_id: Uuid,
+        step_idx: i64,
+        undone: bool,
+        person: &Actor,
+    ) -> Result<Compensation, Refusal> {
+        let (row, carry_on) = {
+            let _serialised = self.serialise(run_id).await?;
+            let row = self
+                .store()
+                .compensations(run_id)
+                .await?
+                .into_iter()
+                .find(|c| c.step_idx == step_idx)
+                .ok_or_else(|| super::store::StoreError::NotFound {
+                    what: format!("the compensation of step {step_idx}"),
+                })?;
+            let to = match (row.status, undone) {
+                (StepStatus::Intended | StepStatus::Unknown | StepStatus::Failed, true) => {
+                    StepStatus::Confirmed
+                }
+                (StepStatus::Intended | StepStatus::Unknown, false) => StepStatus::NotExecuted,
+                (status, _) => return Err(super::store::StoreError::Invalid(format!(
+                    "the compensation of step {step_idx} is {status}: there is nothing to answer{}",
+                    if status == StepStatus::Failed {
+                        " except that it was undone by hand"
+                    } else {
+                        ""
+                    }
+                ))
+                .into()),
+            };
+            let row = self
+                .store()
+                .settle_compensation(
+                    run_id,
+                    step_idx,
+                    Outcome::moving(row.status, to),
+                    Durability::Durable,
+                    person,
+                )
+                .await?;
+            let run = self
+                .store()
+                .run(run_id)
+                .await?
+                .ok_or(Refusal::RunNotFound)?;
+            let carry_on = run.status == RunStatus::NeedsAttention
+                && run.resume_to == Some(RunStatus::Unwinding);
+            if carry_on {
+                self.store()
+                    .move_run(
+                        run_id,
+                        RunStatus::NeedsAttention,
+                        RunStatus::Unwinding,
+                        person,
+                        Some("a person answered about a compensation"),
+                    )
+                    .await?;
+            }
+            (row, carry_on)
+        };
+        if carry_on {
+            self.continue_unwind(run_id).await?;
+        }
+        Ok(row)
     }
 
     /// The order compensations run in (R8): internal effects first, then

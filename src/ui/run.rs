@@ -94,6 +94,11 @@ pub struct HeldView {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Question {
+    /// About the step itself, or about its compensation.
+    pub about_compensation: bool,
+    /// Whether "it did not happen, send it again" is an answer (not for a
+    /// compensation the system refused).
+    pub may_resend: bool,
     pub step_idx: i64,
     pub tool: String,
     pub args: String,
@@ -272,6 +277,7 @@ fn held_panel(run: &str, held: HeldView, may: bool) -> impl IntoView {
 
 fn questions_panel(run: &str, questions: Vec<Question>, may: bool) -> impl IntoView {
     let answer = ServerAction::<AnswerQuestion>::new();
+    let undo_answer = ServerAction::<AnswerCompensation>::new();
     view! {
         <section class="panel attention">
             <h2>"Needs a person"</h2>
@@ -279,6 +285,33 @@ fn questions_panel(run: &str, questions: Vec<Question>, may: bool) -> impl IntoV
             {questions.into_iter().map(|q| {
                 let (yes_run, no_run) = (run.to_owned(), run.to_owned());
                 let step = q.step_idx;
+                if q.about_compensation {
+                    return view! {
+                        <div class="question">
+                            <p><strong>"Undoing step " {q.step_idx} " with " {q.tool.clone()}</strong> " — " {q.why.clone()}</p>
+                            <pre class="args">{q.args.clone()}</pre>
+                            <p class="muted">"Key " <code>{q.key.clone()}</code></p>
+                            {may.then(|| view! {
+                                <div class="decide">
+                                    <ActionForm action=undo_answer>
+                                        <input type="hidden" name="run" value=yes_run/>
+                                        <input type="hidden" name="step" value=step/>
+                                        <input type="hidden" name="undone" value="yes"/>
+                                        <button type="submit">"It is undone"</button>
+                                    </ActionForm>
+                                    {q.may_resend.then(|| view! {
+                                        <ActionForm action=undo_answer>
+                                            <input type="hidden" name="run" value=no_run/>
+                                            <input type="hidden" name="step" value=step/>
+                                            <input type="hidden" name="undone" value="no"/>
+                                            <button type="submit">"It did not happen: send it again"</button>
+                                        </ActionForm>
+                                    })}
+                                </div>
+                            })}
+                        </div>
+                    }.into_any();
+                }
                 view! {
                     <div class="question">
                         <p><strong>"Step " {q.step_idx} ": " {q.tool.clone()}</strong> " — " {q.why.clone()}</p>
@@ -301,7 +334,7 @@ fn questions_panel(run: &str, questions: Vec<Question>, may: bool) -> impl IntoV
                             </div>
                         })}
                     </div>
-                }
+                }.into_any()
             }).collect_view()}
         </section>
     }
@@ -463,6 +496,38 @@ pub async fn answer_question(
     Ok(())
 }
 
+#[server(endpoint = "answer_compensation")]
+pub async fn answer_compensation(
+    run: String,
+    step: i64,
+    undone: String,
+) -> Result<(), ServerFnError> {
+    let person = super::ssr::deciding_person().await?;
+    let state = super::ssr::app_state()?;
+    let run_id = uuid::Uuid::parse_str(&run)
+        .map_err(|_| ServerFnError::new(format!("{run:?} is not a run id")))?;
+    let yes = undone == "yes";
+    let done = state
+        .engine
+        .answer_compensation(run_id, step, yes, &person)
+        .await;
+    super::ssr::back_to(
+        &format!("/runs/{run}"),
+        done.map(|c| {
+            if yes {
+                format!("Recorded: step {} is undone.", c.step_idx)
+            } else {
+                format!(
+                    "Recorded: the undo of step {} did not happen; it was sent again ({}).",
+                    c.step_idx,
+                    c.status.as_str()
+                )
+            }
+        }),
+    );
+    Ok(())
+}
+
 #[server(endpoint = "unwind_run")]
 pub async fn unwind_run(run: String, reason: String) -> Result<(), ServerFnError> {
     let person = super::ssr::deciding_person().await?;
@@ -581,10 +646,34 @@ mod ssr {
             .collect();
 
         let questions = if run.status == RunStatus::NeedsAttention {
+            let undoing = compensations
+                .iter()
+                .filter(|c| {
+                    matches!(
+                        c.status,
+                        StepStatus::Failed | StepStatus::Unknown | StepStatus::Intended
+                    )
+                })
+                .map(|c| Question {
+                    about_compensation: true,
+                    may_resend: c.status != StepStatus::Failed,
+                    step_idx: c.step_idx,
+                    tool: c.tool.clone(),
+                    args: pretty(&c.args),
+                    key: c.idempotency_key.clone(),
+                    why: match (&c.error, c.status) {
+                        (Some(error), StepStatus::Failed) => {
+                            format!("the system refused it: {error}")
+                        }
+                        _ => "nobody can tell whether it happened".to_owned(),
+                    },
+                });
             steps
                 .iter()
                 .filter(|s| s.status == StepStatus::Unknown)
                 .map(|s| Question {
+                    about_compensation: false,
+                    may_resend: true,
                     step_idx: s.step_idx,
                     tool: s.tool.clone(),
                     args: pretty(&s.args),
@@ -594,6 +683,7 @@ mod ssr {
                         .clone()
                         .unwrap_or_else(|| "its outcome is unknown and it has no lookup".into()),
                 })
+                .chain(undoing)
                 .collect()
         } else {
             Vec::new()
