@@ -175,15 +175,21 @@ impl Application {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
-        // Pivots left pending past their authorisations' deadline are
-        // rejected while the server runs, not only at the next start.
+        // While serving: pivots left pending past their authorisations'
+        // deadline are rejected, and unknowns nobody came back for are
+        // looked up (R7), not only at the next start.
         let engine = self.state.engine.clone();
         let sweeper = tokio::spawn(async move {
-            let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+            let mut every = tokio::time::interval(SWEEP_EVERY);
             loop {
                 every.tick().await;
                 if let Err(err) = engine.expire_pivots().await {
                     tracing::error!(%err, "expiring pivots");
+                }
+                match engine.reconcile_stale(STALE_AFTER).await {
+                    Ok(0) => {}
+                    Ok(settled) => tracing::info!(settled, "reconciled steps left unknown"),
+                    Err(err) => tracing::error!(%err, "reconciling steps left unknown"),
                 }
             }
         });
@@ -204,6 +210,13 @@ impl Application {
         Ok(self.serve(shutdown_signal()).await?)
     }
 }
+
+/// How often the server sweeps for expired pivots and stale unknowns.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// How long a step may stay unknown before the sweep looks it up (the
+/// agent's own re-send usually settles it sooner).
+const STALE_AFTER: chrono::Duration = chrono::Duration::seconds(30);
 
 /// How often the dashboard's stream looks for new lines in the saga log.
 /// Polling the shared table (not an in-process channel) means changes made

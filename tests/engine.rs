@@ -1015,6 +1015,39 @@ async fn r9_a_person_may_unwind_a_run_whose_commit_waits_for_them(s: Setup) {
     assert_eq!(s.world.open_tickets(), 0);
 }
 
+async fn r7_an_unknown_nobody_comes_back_for_is_reconciled_by_the_sweep(s: Setup) {
+    let run = s.run().await;
+    s.world.fail_next("tickets.create", Fault::EffectThen504);
+    let out = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "x"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.outcome, OutcomeKind::Unknown);
+    // Too fresh: left for the agent's own re-send.
+    let fresh = s
+        .engine
+        .reconcile_stale(chrono::Duration::seconds(60))
+        .await
+        .unwrap();
+    assert_eq!(fresh, 0);
+    let settled = s
+        .engine
+        .reconcile_stale(chrono::Duration::zero())
+        .await
+        .unwrap();
+    assert_eq!(settled, 1);
+    let step = s.store.step(run.id, 0).await.unwrap().unwrap();
+    assert_eq!(step.status, StepStatus::Confirmed);
+    assert_eq!(s.world.effects("tickets.create").len(), 1);
+}
+
 async fn r8_compensations_run_internal_first_then_newest_first(s: Setup) {
     use saga_harness::saga::class::Audience;
     let run = s.run().await;
@@ -1582,6 +1615,7 @@ common::on_both_backends!(
     r9_a_failed_commit_step_waits_for_a_person,
     r8_reject_unwinds_the_staged_steps,
     r8_compensations_run_internal_first_then_newest_first,
+    r7_an_unknown_nobody_comes_back_for_is_reconciled_by_the_sweep,
     r8_a_refused_compensation_waits_for_a_person_who_undoes_it_by_hand,
     r8_an_unknown_compensation_a_person_says_did_not_happen_is_sent_again_once,
     r9_a_person_may_unwind_a_run_whose_commit_waits_for_them,

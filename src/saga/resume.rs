@@ -37,6 +37,50 @@ impl Engine {
         Ok(expired)
     }
 
+    /// R7 while the server runs: steps left UNKNOWN (or INTENDED with no
+    /// call in flight) for longer than `min_age` are looked up in the real
+    /// system, so an unknown settles even when the agent never comes back.
+    /// Each run is worked under its claim, so a sweep never races a call on
+    /// the same run, nor another instance's sweep. Returns how many steps
+    /// it settled.
+    pub async fn reconcile_stale(&self, min_age: chrono::Duration) -> Result<usize, Refusal> {
+        let now = chrono::Utc::now();
+        let live = [
+            RunStatus::Running,
+            RunStatus::Committing,
+            RunStatus::Unwinding,
+        ];
+        let mut settled = 0;
+        for run in self.store().runs_with_status(&live).await? {
+            let stale: Vec<i64> = self
+                .store()
+                .steps(run.id)
+                .await?
+                .into_iter()
+                .filter(|s| {
+                    matches!(s.status, StepStatus::Unknown | StepStatus::Intended)
+                        && now - s.updated_at >= min_age
+                })
+                .map(|s| s.step_idx)
+                .collect();
+            if stale.is_empty() {
+                continue;
+            }
+            let _serialised = self.serialise(run.id).await?;
+            for idx in stale {
+                // Read again under the claim: the call in flight, or another
+                // instance, may have settled it meanwhile.
+                let Some(step) = self.store().step(run.id, idx).await? else {
+                    continue;
+                };
+                if self.reconcile(step).await?.status.is_settled() {
+                    settled += 1;
+                }
+            }
+        }
+        Ok(settled)
+    }
+
     pub async fn resume(&self) -> Result<ResumeReport, Refusal> {
         let mut report = ResumeReport {
             expired_pivots: self.expire_pivots().await?,

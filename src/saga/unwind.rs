@@ -88,7 +88,8 @@ impl Engine {
                     StepStatus::Confirmed
                 }
                 (StepStatus::Intended | StepStatus::Unknown, false) => StepStatus::NotExecuted,
-                (status, _) => return Err(super::store::StoreError::Invalid(format!(
+                (status, _) => {
+                    return Err(super::store::StoreError::Invalid(format!(
                     "the compensation of step {step_idx} is {status}: there is nothing to answer{}",
                     if status == StepStatus::Failed {
                         " except that it was undone by hand"
@@ -96,7 +97,8 @@ impl Engine {
                         ""
                     }
                 ))
-                .into()),
+                    .into())
+                }
             };
             let row = self
                 .store()
