@@ -84,6 +84,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo(args) => crate::demo::run(args).await,
+        Command::Bench(args) => crate::bench::run(args).await,
         Command::Sim(args) => {
             let sims = Simulators::start(args.ip, args.first_port).await?;
             for (name, url) in sims.addresses() {
