@@ -15,10 +15,16 @@ use std::process::ExitCode;
 
 pub async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The benchmark prints a table; its servers' and slow-query lines
+    // would bury it.
+    let quiet = if matches!(cli.command, Command::Bench(_)) {
+        "warn,sqlx=error"
+    } else {
+        "info,sqlx=warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| quiet.into()),
         )
         .with_writer(std::io::stderr)
         .init();

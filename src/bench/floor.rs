@@ -11,7 +11,7 @@ use anyhow::Context;
 use futures::future::try_join_all;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{Connection, PgPool, SqlitePool};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,6 +27,15 @@ const POSTGRES_TABLE: &str = "CREATE TABLE IF NOT EXISTS floor_log (
 
 #[derive(Clone)]
 enum Db {
+    /// One writer connection, as the store has.
+    Sqlite(SqlitePool),
+    /// Connected per measurement, one connection per writer, and closed
+    /// after it, so the floor holds no connections while the rest runs.
+    Postgres(String),
+}
+
+#[derive(Clone)]
+enum Pool {
     Sqlite(SqlitePool),
     Postgres(PgPool),
 }
@@ -55,13 +64,12 @@ impl Floor {
                 Db::Sqlite(pool)
             }
             Target::Postgres { .. } => {
-                let pool = PgPoolOptions::new()
-                    .max_connections(64)
-                    .connect(url)
+                let mut conn = sqlx::PgConnection::connect(url)
                     .await
                     .context("connecting to the PostgreSQL floor database")?;
-                sqlx::query(POSTGRES_TABLE).execute(&pool).await?;
-                Db::Postgres(pool)
+                sqlx::query(POSTGRES_TABLE).execute(&mut conn).await?;
+                conn.close().await?;
+                Db::Postgres(url.to_owned())
             }
         };
         Ok(Floor {
@@ -112,14 +120,29 @@ impl Floor {
         total: usize,
     ) -> anyhow::Result<(Vec<f64>, f64)> {
         let each = total.div_ceil(writers);
+        let pool = match &self.db {
+            Db::Sqlite(pool) => Pool::Sqlite(pool.clone()),
+            Db::Postgres(url) => {
+                let pool = PgPoolOptions::new()
+                    .max_connections(writers as u32)
+                    .min_connections(writers as u32)
+                    .connect(url)
+                    .await?;
+                // Every writer's connection is open before the clock starts.
+                let warm = try_join_all((0..writers).map(|_| pool.acquire())).await?;
+                drop(warm);
+                Pool::Postgres(pool)
+            }
+        };
         let started = Instant::now();
         let tasks = (0..writers).map(|_| {
             let floor = self.clone();
+            let pool = pool.clone();
             tokio::spawn(async move {
                 let mut latencies = Vec::with_capacity(each);
                 for _ in 0..each {
                     let at = Instant::now();
-                    floor.one(pair).await?;
+                    floor.one(&pool, pair).await?;
                     latencies.push(at.elapsed().as_secs_f64() * 1e3);
                 }
                 anyhow::Ok(latencies)
@@ -130,10 +153,13 @@ impl Floor {
             latencies.extend(done?);
         }
         let per_s = latencies.len() as f64 / started.elapsed().as_secs_f64();
+        if let Pool::Postgres(pool) = pool {
+            pool.close().await;
+        }
         Ok((latencies, per_s))
     }
 
-    async fn one(&self, pair: bool) -> anyhow::Result<()> {
+    async fn one(&self, pool: &Pool, pair: bool) -> anyhow::Result<()> {
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) as i64;
         let run_id = format!("floor-{}", n / 100);
         let key = format!("{n:032x}");
@@ -142,8 +168,8 @@ impl Floor {
                       VALUES ($1, $2, 'reship', $3, $4, 'INTENDED', $5, $5)";
         let update = "UPDATE floor_log SET status = 'CONFIRMED', updated_at = $1 WHERE run_id = $2 AND step_idx = $3";
         let args = sqlx::types::Json(serde_json::json!({"order_id": n, "items": ["sku-1"]}));
-        match &self.db {
-            Db::Sqlite(pool) => {
+        match pool {
+            Pool::Sqlite(pool) => {
                 sqlx::query(insert)
                     .bind(&run_id)
                     .bind(n)
@@ -161,21 +187,23 @@ impl Floor {
                         .await?;
                 }
             }
-            Db::Postgres(pool) => {
+            Pool::Postgres(pool) => {
+                // One connection for both commits, as a writer has.
+                let mut conn = pool.acquire().await?;
                 sqlx::query(insert)
                     .bind(&run_id)
                     .bind(n)
                     .bind(&key)
                     .bind(&args)
                     .bind(now)
-                    .execute(pool)
+                    .execute(&mut *conn)
                     .await?;
                 if pair {
                     sqlx::query(update)
                         .bind(now)
                         .bind(&run_id)
                         .bind(n)
-                        .execute(pool)
+                        .execute(&mut *conn)
                         .await?;
                 }
             }
@@ -184,9 +212,8 @@ impl Floor {
     }
 
     pub async fn close(self) {
-        match self.db {
-            Db::Sqlite(pool) => pool.close().await,
-            Db::Postgres(pool) => pool.close().await,
+        if let Db::Sqlite(pool) = self.db {
+            pool.close().await;
         }
     }
 }

@@ -153,7 +153,7 @@ fn with_database(url: &str, db: &str) -> String {
 struct BackendBench {
     prefix: &'static str,
     floor: floor::Floor,
-    path: path::EnginePath,
+    engine_url: String,
     full_path: Option<http::FullPath>,
     dashboard: dashboard::Dashboard,
     target: Target,
@@ -170,8 +170,6 @@ impl BackendBench {
         let floor_url = target.database("floor").await?;
         let floor = floor::Floor::open(&target, &floor_url).await?;
         let engine_url = target.database("engine").await?;
-        let store = crate::store::open(&engine_url).await?.saga_store();
-        let path = path::EnginePath::new(store)?;
         let http_url = target.database("http").await?;
         let full_path = http::FullPath::start(&http_url).await?;
         let dashboard_url = target.database("dashboard").await?;
@@ -190,7 +188,7 @@ impl BackendBench {
         Ok(BackendBench {
             prefix,
             floor,
-            path,
+            engine_url,
             full_path: Some(full_path),
             dashboard,
             target,
@@ -203,10 +201,15 @@ impl BackendBench {
             .round(prefix, sizes, figures)
             .await
             .context("floor")?;
-        self.path
-            .round(prefix, sizes, figures)
+        // Opened for each round and closed after it: on PostgreSQL its pool
+        // would otherwise hold connections the 64-writer floor needs.
+        let opened = crate::store::open(&self.engine_url).await?;
+        let path = path::EnginePath::new(opened.saga_store())?;
+        path.round(prefix, sizes, figures)
             .await
             .context("engine path")?;
+        drop(path);
+        opened.close().await;
         if let Some(full_path) = self.full_path.as_mut() {
             full_path
                 .round(prefix, sizes, figures)
@@ -225,7 +228,6 @@ impl BackendBench {
             full_path.stop().await;
         }
         self.floor.close().await;
-        drop(self.path);
         drop(self.dashboard);
         self.target.clean_up().await
     }

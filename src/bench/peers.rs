@@ -213,11 +213,17 @@ impl Peer {
 
     /// The next JSON line; `{"error": …}` is a failure with its reason.
     async fn read(&mut self) -> Result<Value, String> {
-        let line = tokio::time::timeout(PEER_TIMEOUT, self.lines.next_line())
-            .await
-            .map_err(|_| format!("no answer in {} s", PEER_TIMEOUT.as_secs()))?
-            .map_err(|e| e.to_string())?
-            .ok_or("it exited (see its output above)")?;
+        let line = loop {
+            let line = tokio::time::timeout(PEER_TIMEOUT, self.lines.next_line())
+                .await
+                .map_err(|_| format!("no answer in {} s", PEER_TIMEOUT.as_secs()))?
+                .map_err(|e| e.to_string())?
+                .ok_or("it exited (see its output above)")?;
+            // A library's log line is not an answer.
+            if line.starts_with('{') {
+                break line;
+            }
+        };
         let value: Value =
             serde_json::from_str(&line).map_err(|e| format!("it printed {line:?}: {e}"))?;
         match value.get("error") {
