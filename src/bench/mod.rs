@@ -386,10 +386,7 @@ fn verdicts(figures: &Figures) -> Vec<Verdict> {
 }
 
 fn print_table(figures: &Figures, verdicts: &[Verdict]) {
-    println!(
-        "{:<48} {:>12} {:>9}  {}",
-        "figure", "median", "spread", "unit"
-    );
+    println!("{:<48} {:>12} {:>9}  unit", "figure", "median", "spread");
     for figure in figures.all() {
         let median = figure.median().unwrap_or(f64::NAN);
         let spread = figure

@@ -114,7 +114,7 @@ pub fn median(values: &[f64]) -> Option<f64> {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let mid = sorted.len() / 2;
-    Some(if sorted.len() % 2 == 1 {
+    Some(if !sorted.len().is_multiple_of(2) {
         sorted[mid]
     } else {
         (sorted[mid - 1] + sorted[mid]) / 2.0

@@ -58,28 +58,6 @@ macro_rules! unsettled_sql {
 }
 pub(crate) use unsettled_sql;
 
-#[cfg(test)]
-mod tests {
-    use crate::saga::status::StepStatus;
-
-    #[test]
-    fn the_unsettled_list_in_sql_is_every_unsettled_status() {
-        let mut unsettled: Vec<&str> = StepStatus::ALL
-            .into_iter()
-            .filter(|s| !s.is_settled())
-            .map(|s| s.as_str())
-            .collect();
-        unsettled.sort_unstable();
-        let mut in_sql: Vec<&str> = unsettled_sql!()
-            .trim_matches(['(', ')'])
-            .split(", ")
-            .map(|s| s.trim_matches('\''))
-            .collect();
-        in_sql.sort_unstable();
-        assert_eq!(unsettled, in_sql);
-    }
-}
-
 macro_rules! saga_store_sql {
     ($Store:ident, $Db:ty, $backend:expr, for_update = $for_update:literal) => {
         use $crate::saga::class::{Audience, Phase, Role, ToolClass};
@@ -1529,3 +1507,25 @@ macro_rules! saga_store_sql {
 }
 
 pub(crate) use saga_store_sql;
+
+#[cfg(test)]
+mod tests {
+    use crate::saga::status::StepStatus;
+
+    #[test]
+    fn the_unsettled_list_in_sql_is_every_unsettled_status() {
+        let mut unsettled: Vec<&str> = StepStatus::ALL
+            .into_iter()
+            .filter(|s| !s.is_settled())
+            .map(|s| s.as_str())
+            .collect();
+        unsettled.sort_unstable();
+        let mut in_sql: Vec<&str> = unsettled_sql!()
+            .trim_matches(['(', ')'])
+            .split(", ")
+            .map(|s| s.trim_matches('\''))
+            .collect();
+        in_sql.sort_unstable();
+        assert_eq!(unsettled, in_sql);
+    }
+}
