@@ -15,10 +15,16 @@ use std::process::ExitCode;
 
 pub async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The benchmark prints a table; its servers' and slow-query lines
+    // would bury it.
+    let quiet = if matches!(cli.command, Command::Bench(_)) {
+        "warn,sqlx=error"
+    } else {
+        "info,sqlx=warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| quiet.into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -84,6 +90,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo(args) => crate::demo::run(args).await,
+        Command::Bench(args) => crate::bench::run(args).await,
         Command::Sim(args) => {
             let sims = Simulators::start(args.ip, args.first_port).await?;
             for (name, url) in sims.addresses() {

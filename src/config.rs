@@ -41,6 +41,49 @@ pub enum Command {
     /// Start the simulators and the server on a fresh SQLite file, and run a
     /// scripted agent that leaves runs to look at in the dashboard.
     Demo(DemoArgs),
+    /// Measure the per-step cost against the disk's commit floor, the HTTP
+    /// path, flatness, unwind, the dashboard and (optionally) peer engines;
+    /// print a table and write JSON.
+    Bench(BenchArgs),
+}
+
+/// Which storage backends the benchmark measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchBackend {
+    Sqlite,
+    Postgres,
+    Both,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct BenchArgs {
+    /// A seconds-long run with small sizes (for CI): every figure, little data.
+    #[arg(long)]
+    pub quick: bool,
+    /// Write every figure, with its rounds, to this JSON file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "sqlite")]
+    pub backend: BenchBackend,
+    /// An administrator URL of a PostgreSQL server; the benchmark creates
+    /// its own databases there (saga_bench_*) and drops them afterwards.
+    #[arg(long, env = "SAGA_BENCH_POSTGRES_URL")]
+    pub postgres_url: Option<String>,
+    /// Also measure DBOS Transact and Restate (full mode only), from the
+    /// scripts in benches/peers and the installs scripts/bench.sh makes.
+    #[arg(long)]
+    pub peers: bool,
+    /// Rounds (every figure is measured once per round, interleaved);
+    /// at least 5.
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// Where the peer installs live (a Python venv with dbos, node_modules
+    /// with Restate); default: saga-harness/peers under the user's cache.
+    #[arg(long, env = "SAGA_BENCH_PEERS_HOME")]
+    pub peers_home: Option<PathBuf>,
+    /// Where the peer scripts are.
+    #[arg(long, default_value = "benches/peers")]
+    pub peers_scripts: PathBuf,
 }
 
 #[derive(Debug, Args, Clone)]

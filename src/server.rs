@@ -290,7 +290,7 @@ fn load_registry(args: &ServeArgs) -> Result<Registry, ServerError> {
 
 /// Leptos settings: cargo-leptos sets these at build time and the
 /// `LEPTOS_*` variables may override them; the address is ours.
-fn leptos_options(addr: SocketAddr) -> LeptosOptions {
+pub(crate) fn leptos_options(addr: SocketAddr) -> LeptosOptions {
     // Without cargo-leptos (plain `cargo test`) there is no bundle to name.
     let mut options = match option_env!("LEPTOS_OUTPUT_NAME") {
         Some(_) => get_configuration(None).map(|conf| conf.leptos_options).ok(),

@@ -403,7 +403,7 @@ impl Engine {
     /// Refuses a new step while an earlier one is unsettled, after trying
     /// to settle it here.
     pub(crate) async fn ensure_earlier_steps_settled(&self, run_id: Uuid) -> Result<(), Refusal> {
-        for step in self.store.steps(run_id).await? {
+        for step in self.store.unsettled_steps(run_id).await? {
             if step.status.is_settled() {
                 continue;
             }

@@ -114,6 +114,10 @@ pub trait SagaStore: Send + Sync + 'static {
     ) -> StoreResult<Step>;
     async fn step(&self, run_id: Uuid, step_idx: i64) -> StoreResult<Option<Step>>;
     async fn steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>>;
+    /// The run's steps that are not settled (INTENDED, UNKNOWN,
+    /// AWAITING_APPROVAL), in step order: what a new step must wait for.
+    /// Its cost follows the unsettled steps, not the length of the run.
+    async fn unsettled_steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>>;
     async fn step_by_key(&self, idempotency_key: &str) -> StoreResult<Option<Step>>;
 
     // --- compensations ----------------------------------------------------

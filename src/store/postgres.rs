@@ -11,8 +11,16 @@ use sqlx::{PgConnection, PgPool, Postgres};
 use std::str::FromStr;
 use std::time::Duration;
 
+/// Connections in the pool, and how many of them run claims may hold.
+/// A claim keeps its connection for a whole call while the call's writes
+/// take others: were every connection a claim, the writes would wait for
+/// a connection forever (64 concurrent runs on 32 connections did).
+const POOL_SIZE: u32 = 32;
+const MAX_CLAIMS: usize = POOL_SIZE as usize / 2;
+
 pub struct PostgresStore {
     pool: PgPool,
+    claims: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl PostgresStore {
@@ -35,7 +43,7 @@ impl PostgresStore {
             })?;
         probe.close().await.map_err(db)?;
         let pool = PgPoolOptions::new()
-            .max_connections(32)
+            .max_connections(POOL_SIZE)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await
@@ -46,7 +54,10 @@ impl PostgresStore {
             .run(&pool)
             .await
             .map_err(|e| StoreError::Database(format!("migrating PostgreSQL at {place}: {e}")))?;
-        Ok(PostgresStore { pool })
+        Ok(PostgresStore {
+            pool,
+            claims: std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CLAIMS)),
+        })
     }
 
     pub fn session_pool(&self) -> PgPool {
@@ -79,6 +90,7 @@ impl PostgresStore {
 /// holder panicked.
 pub struct AdvisoryClaim {
     _tx: sqlx::Transaction<'static, Postgres>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 impl crate::saga::store::RunClaim for AdvisoryClaim {}
 
@@ -87,6 +99,12 @@ impl PostgresStore {
         &self,
         run_id: uuid::Uuid,
     ) -> StoreResult<Box<dyn crate::saga::store::RunClaim>> {
+        let slot = self
+            .claims
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| StoreError::Database("the store is closing".into()))?;
         let mut tx = self.pool.begin().await.map_err(db)?;
         // Two 32-bit halves of the run id's hash space: "saga" runs only.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('saga-run'), hashtext($1))")
@@ -94,7 +112,10 @@ impl PostgresStore {
             .execute(&mut *tx)
             .await
             .map_err(db)?;
-        Ok(Box::new(AdvisoryClaim { _tx: tx }))
+        Ok(Box::new(AdvisoryClaim {
+            _tx: tx,
+            _slot: slot,
+        }))
     }
 }
 

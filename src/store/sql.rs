@@ -49,6 +49,15 @@ pub(crate) struct EventLine<'a> {
     pub at: DateTime<Utc>,
 }
 
+/// The statuses of a step that is not settled, as SQL; migration 0002's
+/// partial index `saga_log_open_by_run` has the same list.
+macro_rules! unsettled_sql {
+    () => {
+        "('INTENDED', 'UNKNOWN', 'AWAITING_APPROVAL')"
+    };
+}
+pub(crate) use unsettled_sql;
+
 macro_rules! saga_store_sql {
     ($Store:ident, $Db:ty, $backend:expr, for_update = $for_update:literal) => {
         use $crate::saga::class::{Audience, Phase, Role, ToolClass};
@@ -598,19 +607,26 @@ macro_rules! saga_store_sql {
             }
 
             async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>> {
-                let mut runs = Vec::new();
-                for status in statuses {
-                    let rows = sqlx::query("SELECT * FROM runs WHERE status = $1 ORDER BY created_at, id")
-                        .bind(status.as_str())
-                        .fetch_all(self.reader())
-                        .await
-                        .map_err(db)?;
-                    for row in &rows {
-                        runs.push(run_from(row)?);
-                    }
+                if statuses.is_empty() {
+                    return Ok(Vec::new());
                 }
-                runs.sort_by_key(|run| run.created_at);
-                Ok(runs)
+                // One query for every status: `status IN ($1, …, $n)`.
+                let placeholders: Vec<String> = (1..=statuses.len()).map(|i| format!("${i}")).collect();
+                let sql = format!(
+                    "SELECT * FROM runs WHERE status IN ({}) ORDER BY created_at, id",
+                    placeholders.join(", ")
+                );
+                let mut query = sqlx::query(&sql);
+                for status in statuses {
+                    query = query.bind(status.as_str());
+                }
+                query
+                    .fetch_all(self.reader())
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(run_from)
+                    .collect()
             }
 
             async fn move_run(
@@ -752,6 +768,23 @@ macro_rules! saga_store_sql {
                     .iter()
                     .map(step_from)
                     .collect()
+            }
+
+            async fn unsettled_steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
+                // The same condition as the partial index saga_log_open_by_run
+                // (migration 0002), word for word, so both backends use it.
+                sqlx::query(concat!(
+                    "SELECT * FROM saga_log WHERE run_id = $1 AND status IN ",
+                    $crate::store::sql::unsettled_sql!(),
+                    " ORDER BY step_idx"
+                ))
+                .bind(run_id.to_string())
+                .fetch_all(self.reader())
+                .await
+                .map_err(db)?
+                .iter()
+                .map(step_from)
+                .collect()
             }
 
             async fn step_by_key(&self, idempotency_key: &str) -> StoreResult<Option<Step>> {
@@ -1474,3 +1507,25 @@ macro_rules! saga_store_sql {
 }
 
 pub(crate) use saga_store_sql;
+
+#[cfg(test)]
+mod tests {
+    use crate::saga::status::StepStatus;
+
+    #[test]
+    fn the_unsettled_list_in_sql_is_every_unsettled_status() {
+        let mut unsettled: Vec<&str> = StepStatus::ALL
+            .into_iter()
+            .filter(|s| !s.is_settled())
+            .map(|s| s.as_str())
+            .collect();
+        unsettled.sort_unstable();
+        let mut in_sql: Vec<&str> = unsettled_sql!()
+            .trim_matches(['(', ')'])
+            .split(", ")
+            .map(|s| s.trim_matches('\''))
+            .collect();
+        in_sql.sort_unstable();
+        assert_eq!(unsettled, in_sql);
+    }
+}

@@ -70,6 +70,11 @@ impl SqliteStore {
         self.writer.clone()
     }
 
+    pub async fn close(&self) {
+        self.readers.close().await;
+        self.writer.close().await;
+    }
+
     fn reader(&self) -> &SqlitePool {
         &self.readers
     }

@@ -550,7 +550,7 @@ pub async fn unwind_run(run: String, reason: String) -> Result<(), ServerFnError
 }
 
 #[cfg(feature = "ssr")]
-mod ssr {
+pub(crate) mod ssr {
     use super::*;
     use crate::saga::class::ToolClass;
     use crate::saga::model::{ApprovalKind, Event, Step};

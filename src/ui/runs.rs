@@ -165,67 +165,80 @@ pub async fn list_runs(status: Option<String>, page: i64) -> Result<RunsList, Se
         ),
         None => None,
     };
-    // A held single step waits for a person just as a pivot does.
-    let held: std::collections::HashSet<_> = state
-        .store
-        .pending_approvals()
+    ssr::list(state.store.as_ref(), wanted, page)
         .await
-        .map_err(super::ssr::internal)?
-        .into_iter()
-        .map(|approval| approval.run_id)
-        .collect();
-    let waiting = state
-        .store
-        .runs_with_status(&[RunStatus::AwaitingApproval, RunStatus::NeedsAttention])
-        .await
-        .map_err(super::ssr::internal)?;
-    let recent = state
-        .store
-        .list_runs(5000)
-        .await
-        .map_err(super::ssr::internal)?;
-    // Awaiting approval first, then needing a person, then the rest newest
-    // first; each run once.
-    let rank = |run: &crate::saga::model::Run| {
-        if run.status == RunStatus::AwaitingApproval || held.contains(&run.id) {
-            0
-        } else if run.status == RunStatus::NeedsAttention {
-            1
-        } else {
-            2
-        }
-    };
-    let mut seen = std::collections::HashSet::new();
-    let mut runs: Vec<_> = waiting
-        .into_iter()
-        .chain(recent)
-        .filter(|run| seen.insert(run.id))
-        .filter(|run| wanted.is_none_or(|w| run.status == w))
-        .collect();
-    runs.sort_by_key(|run| (rank(run), std::cmp::Reverse(run.created_at)));
-    let total = runs.len() as i64;
-    let pages = ((total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
-    let page = page.clamp(1, pages);
-    let now = chrono::Utc::now();
-    let rows = runs
-        .into_iter()
-        .skip(((page - 1) * PAGE_SIZE) as usize)
-        .take(PAGE_SIZE as usize)
-        .map(|run| RunRow {
-            awaiting_approval: rank(&run) == 0,
-            id: run.id.to_string(),
-            agent: run.agent,
-            purpose: run.purpose,
-            status: run.status.as_str().to_owned(),
-            age: super::ssr::age(now - run.created_at),
-            steps: run.next_step,
-            irreversible_before_pivot: run.irreversible_before_pivot,
+        .map_err(super::ssr::internal)
+}
+
+/// The runs list's data, for the server function and the benchmark.
+#[cfg(feature = "ssr")]
+pub mod ssr {
+    use super::*;
+    use crate::saga::model::Run;
+    use crate::saga::status::RunStatus;
+    use crate::saga::store::{SagaStore, StoreError};
+
+    /// One page of runs: awaiting approval first (a pivot or a held single
+    /// step), then needing a person, then the rest newest first.
+    pub async fn list(
+        store: &dyn SagaStore,
+        wanted: Option<RunStatus>,
+        page: i64,
+    ) -> Result<RunsList, StoreError> {
+        // A held single step waits for a person just as a pivot does.
+        let held: std::collections::HashSet<_> = store
+            .pending_approvals()
+            .await?
+            .into_iter()
+            .map(|approval| approval.run_id)
+            .collect();
+        let waiting = store
+            .runs_with_status(&[RunStatus::AwaitingApproval, RunStatus::NeedsAttention])
+            .await?;
+        let recent = store.list_runs(5000).await?;
+        // Awaiting approval first, then needing a person, then the rest newest
+        // first; each run once.
+        let rank = |run: &Run| {
+            if run.status == RunStatus::AwaitingApproval || held.contains(&run.id) {
+                0
+            } else if run.status == RunStatus::NeedsAttention {
+                1
+            } else {
+                2
+            }
+        };
+        let mut seen = std::collections::HashSet::new();
+        let mut runs: Vec<_> = waiting
+            .into_iter()
+            .chain(recent)
+            .filter(|run| seen.insert(run.id))
+            .filter(|run| wanted.is_none_or(|w| run.status == w))
+            .collect();
+        runs.sort_by_key(|run| (rank(run), std::cmp::Reverse(run.created_at)));
+        let total = runs.len() as i64;
+        let pages = ((total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
+        let page = page.clamp(1, pages);
+        let now = chrono::Utc::now();
+        let rows = runs
+            .into_iter()
+            .skip(((page - 1) * PAGE_SIZE) as usize)
+            .take(PAGE_SIZE as usize)
+            .map(|run| RunRow {
+                awaiting_approval: rank(&run) == 0,
+                id: run.id.to_string(),
+                agent: run.agent,
+                purpose: run.purpose,
+                status: run.status.as_str().to_owned(),
+                age: crate::ui::ssr::age(now - run.created_at),
+                steps: run.next_step,
+                irreversible_before_pivot: run.irreversible_before_pivot,
+            })
+            .collect();
+        Ok(RunsList {
+            rows,
+            page,
+            pages,
+            total,
         })
-        .collect();
-    Ok(RunsList {
-        rows,
-        page,
-        pages,
-        total,
-    })
+    }
 }

@@ -120,6 +120,9 @@ impl SagaStore for CrashingStore {
     async fn steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
         self.inner.steps(run_id).await
     }
+    async fn unsettled_steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
+        self.inner.unsettled_steps(run_id).await
+    }
     async fn step_by_key(&self, key: &str) -> StoreResult<Option<Step>> {
         self.inner.step_by_key(key).await
     }

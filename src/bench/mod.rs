@@ -1,0 +1,470 @@
+//! `saga-harness bench`: what a step costs against what durability costs
+//! at the least, on SQLite and PostgreSQL, and against peer engines.
+//!
+//! The machine is shared and noisy, so absolute times drift: every figure
+//! is measured once per round, the rounds interleave every measurement
+//! (and both backends, and the peers), and only ratios taken within a
+//! round are compared with the targets. Nothing here asserts a time.
+
+mod dashboard;
+mod floor;
+mod http;
+mod path;
+mod peers;
+mod stats;
+
+use crate::config::{BenchArgs, BenchBackend};
+use anyhow::{bail, Context};
+use serde_json::{json, Map, Value};
+use sqlx::Connection;
+use stats::{Better, Figures};
+use std::path::PathBuf;
+
+/// How much work one round does.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Sizes {
+    pub rounds: usize,
+    /// Steps (or commits) per round at 1, 8 and 64 concurrent writers.
+    pub c1: usize,
+    pub c8: usize,
+    pub c64: usize,
+    /// The flatness run and the unwound run: this many steps.
+    pub long_run: usize,
+    /// Steps at each end of the long run whose p50 is compared.
+    pub window: usize,
+    pub dashboard_runs: usize,
+    pub dashboard_steps: usize,
+    /// Runs-list and run-page reads per round.
+    pub dashboard_queries: usize,
+}
+
+impl Sizes {
+    fn quick() -> Sizes {
+        Sizes {
+            rounds: 5,
+            c1: 20,
+            c8: 48,
+            c64: 128,
+            long_run: 60,
+            window: 10,
+            dashboard_runs: 200,
+            dashboard_steps: 10,
+            dashboard_queries: 10,
+        }
+    }
+
+    fn full() -> Sizes {
+        Sizes {
+            rounds: 5,
+            c1: 300,
+            c8: 800,
+            c64: 1280,
+            long_run: 1000,
+            window: 100,
+            dashboard_runs: 10_000,
+            dashboard_steps: 100,
+            dashboard_queries: 100,
+        }
+    }
+
+    pub fn ops(&self, writers: usize) -> usize {
+        match writers {
+            1 => self.c1,
+            8 => self.c8,
+            _ => self.c64,
+        }
+    }
+}
+
+/// Where one backend's benchmark databases live.
+pub enum Target {
+    /// SQLite files in a scratch directory (on the disk being measured).
+    Sqlite { dir: PathBuf },
+    /// Databases created on a PostgreSQL server, dropped afterwards.
+    Postgres { admin: String, created: Vec<String> },
+}
+
+impl Target {
+    fn prefix(&self) -> &'static str {
+        match self {
+            Target::Sqlite { .. } => "sqlite",
+            Target::Postgres { .. } => "postgres",
+        }
+    }
+
+    /// A fresh database named `name`, as a URL.
+    async fn database(&mut self, name: &str) -> anyhow::Result<String> {
+        match self {
+            Target::Sqlite { dir } => Ok(format!(
+                "sqlite://{}",
+                dir.join(format!("{name}.db")).display()
+            )),
+            Target::Postgres { admin, created } => {
+                let db = format!("saga_bench_{}_{name}", std::process::id());
+                let mut conn = sqlx::PgConnection::connect(admin)
+                    .await
+                    .context("connecting to PostgreSQL with --postgres-url")?;
+                sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+                    .execute(&mut conn)
+                    .await?;
+                sqlx::query(&format!("CREATE DATABASE {db}"))
+                    .execute(&mut conn)
+                    .await
+                    .with_context(|| format!("creating the database {db}"))?;
+                conn.close().await?;
+                created.push(db.clone());
+                Ok(with_database(admin, &db))
+            }
+        }
+    }
+
+    async fn clean_up(&self) -> anyhow::Result<()> {
+        match self {
+            Target::Sqlite { dir } => std::fs::remove_dir_all(dir)
+                .with_context(|| format!("removing {}", dir.display()))?,
+            Target::Postgres { admin, created } => {
+                let mut conn = sqlx::PgConnection::connect(admin).await?;
+                for db in created {
+                    sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+                        .execute(&mut conn)
+                        .await?;
+                }
+                conn.close().await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `url` with its database name replaced by `db`.
+fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, format!("?{query}")),
+        None => (url, String::new()),
+    };
+    let host_from = base.find("://").map_or(0, |i| i + 3);
+    let host_end = base[host_from..]
+        .find('/')
+        .map_or(base.len(), |i| host_from + i);
+    format!("{}/{db}{query}", &base[..host_end])
+}
+
+/// Everything measured on one backend, set up once, run once per round.
+struct BackendBench {
+    prefix: &'static str,
+    floor: floor::Floor,
+    engine_url: String,
+    full_path: Option<http::FullPath>,
+    dashboard: dashboard::Dashboard,
+    target: Target,
+}
+
+impl BackendBench {
+    async fn setup(
+        mut target: Target,
+        sizes: &Sizes,
+        figures: &mut Figures,
+    ) -> anyhow::Result<BackendBench> {
+        let prefix = target.prefix();
+        eprintln!("bench: preparing {prefix}");
+        let floor_url = target.database("floor").await?;
+        let floor = floor::Floor::open(&target, &floor_url).await?;
+        let engine_url = target.database("engine").await?;
+        let http_url = target.database("http").await?;
+        let full_path = http::FullPath::start(&http_url).await?;
+        let dashboard_url = target.database("dashboard").await?;
+        let (dashboard, filled_s) =
+            dashboard::Dashboard::prepare(&target, &dashboard_url, sizes).await?;
+        eprintln!(
+            "bench: {prefix}: {} saga_log rows inserted in {filled_s:.1} s",
+            sizes.dashboard_runs * sizes.dashboard_steps
+        );
+        figures.record(
+            &format!("{prefix}.dashboard.bulk_fill_s"),
+            "s",
+            Better::Lower,
+            filled_s,
+        );
+        Ok(BackendBench {
+            prefix,
+            floor,
+            engine_url,
+            full_path: Some(full_path),
+            dashboard,
+            target,
+        })
+    }
+
+    async fn round(&mut self, sizes: &Sizes, figures: &mut Figures) -> anyhow::Result<()> {
+        let prefix = self.prefix;
+        self.floor
+            .round(prefix, sizes, figures)
+            .await
+            .context("floor")?;
+        // Opened for each round and closed after it: on PostgreSQL its pool
+        // would otherwise hold connections the 64-writer floor needs.
+        let opened = crate::store::open(&self.engine_url).await?;
+        let path = path::EnginePath::new(opened.saga_store())?;
+        path.round(prefix, sizes, figures)
+            .await
+            .context("engine path")?;
+        drop(path);
+        opened.close().await;
+        if let Some(full_path) = self.full_path.as_mut() {
+            full_path
+                .round(prefix, sizes, figures)
+                .await
+                .context("full HTTP path")?;
+        }
+        self.dashboard
+            .round(prefix, sizes, figures)
+            .await
+            .context("dashboard")?;
+        Ok(())
+    }
+
+    async fn finish(mut self) -> anyhow::Result<()> {
+        if let Some(full_path) = self.full_path.take() {
+            full_path.stop().await;
+        }
+        self.floor.close().await;
+        drop(self.dashboard);
+        self.target.clean_up().await
+    }
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let mut sizes = if args.quick {
+        Sizes::quick()
+    } else {
+        Sizes::full()
+    };
+    if let Some(rounds) = args.rounds {
+        if rounds < 5 {
+            bail!("--rounds must be at least 5 (medians of fewer rounds are noise)");
+        }
+        sizes.rounds = rounds;
+    }
+    let mut targets = Vec::new();
+    if matches!(args.backend, BenchBackend::Sqlite | BenchBackend::Both) {
+        let dir = std::env::temp_dir().join(format!("saga-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        targets.push(Target::Sqlite { dir });
+    }
+    if matches!(args.backend, BenchBackend::Postgres | BenchBackend::Both) {
+        let Some(admin) = args.postgres_url.clone() else {
+            bail!("--backend postgres needs --postgres-url (or SAGA_BENCH_POSTGRES_URL): a server where it may create databases");
+        };
+        targets.push(Target::Postgres {
+            admin,
+            created: Vec::new(),
+        });
+    }
+    let mut figures = Figures::default();
+    let mut benches = Vec::new();
+    for target in targets {
+        benches.push(BackendBench::setup(target, &sizes, &mut figures).await?);
+    }
+    let mut peers = peers::Peers::start(&args, &mut figures).await;
+    for round in 1..=sizes.rounds {
+        eprintln!("bench: round {round} of {}", sizes.rounds);
+        for bench in &mut benches {
+            bench.round(&sizes, &mut figures).await?;
+        }
+        peers.round(&mut figures).await;
+    }
+    peers.stop().await;
+    for bench in benches {
+        bench.finish().await?;
+    }
+    let targets = verdicts(&figures);
+    print_table(&figures, &targets);
+    if let Some(path) = &args.json {
+        let report = report(&args, &sizes, &figures, &targets);
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// One target of issue 8, judged on ratios from the same run.
+#[derive(Debug, serde::Serialize)]
+struct Verdict {
+    target: String,
+    /// The measured ratio and the bound it is held to.
+    ratio: Option<f64>,
+    bound: String,
+    hit: Option<bool>,
+}
+
+fn verdicts(figures: &Figures) -> Vec<Verdict> {
+    let mut out = Vec::new();
+    let mut judge =
+        |target: String, ratio: Option<f64>, at_most: Option<f64>, at_least: Option<f64>| {
+            let hit =
+                ratio.map(|r| at_most.is_none_or(|m| r <= m) && at_least.is_none_or(|m| r >= m));
+            let bound = match (at_most, at_least) {
+                (Some(m), _) => format!("≤ {m}"),
+                (_, Some(m)) => format!("≥ {m}"),
+                _ => String::new(),
+            };
+            out.push(Verdict {
+                target,
+                ratio,
+                bound,
+                hit,
+            });
+        };
+    for prefix in ["postgres", "sqlite"] {
+        if figures
+            .get(&format!("{prefix}.engine.lookup.c1.p50_ms"))
+            .is_none()
+        {
+            continue;
+        }
+        let f = |k: &str| format!("{prefix}.{k}");
+        judge(
+            format!("{prefix}: engine p50 per step / Restate p50 per step"),
+            figures.ratio(&f("engine.lookup.c1.p50_ms"), "restate.c1.p50_ms"),
+            Some(0.5),
+            None,
+        );
+        judge(
+            format!("{prefix}: full HTTP p50 / Restate p50 per step"),
+            figures.ratio(&f("http.c1.p50_ms"), "restate.c1.p50_ms"),
+            Some(1.0),
+            None,
+        );
+        judge(
+            format!("{prefix}: steps/s at 8 runs / Restate's at 8"),
+            figures.ratio(&f("engine.lookup.c8.per_s"), "restate.c8.per_s"),
+            None,
+            Some(1.0),
+        );
+        judge(
+            format!("{prefix}: steps/s at 64 runs / two-commit floor at 64"),
+            figures.ratio(&f("engine.lookup.c64.per_s"), &f("floor.pair.c64.per_s")),
+            None,
+            Some(0.8),
+        );
+        judge(
+            format!("{prefix}: steps/s at 1 client / DBOS's at 1"),
+            figures.ratio(&f("engine.lookup.c1.per_s"), "dbos.c1.per_s"),
+            None,
+            Some(5.0),
+        );
+        judge(
+            format!("{prefix}: steps/s at 8 / DBOS's at 8"),
+            figures.ratio(&f("engine.lookup.c8.per_s"), "dbos.c8.per_s"),
+            None,
+            Some(3.0),
+        );
+        judge(
+            format!("{prefix}: last-window p50 / first-window p50 of a long run"),
+            figures.ratio(&f("flat.last.p50_ms"), &f("flat.first.p50_ms")),
+            Some(1.1),
+            None,
+        );
+        judge(
+            format!("{prefix}: run page p99 (ms) at the dashboard size"),
+            figures
+                .get(&f("dashboard.run_page.p99_ms"))
+                .and_then(|f| f.median()),
+            Some(50.0),
+            None,
+        );
+        // Context, not a target: how far above the disk's floor a step is.
+        judge(
+            format!("{prefix}: engine p50 per step / two-commit floor p50 (context)"),
+            figures.ratio(&f("engine.lookup.c1.p50_ms"), &f("floor.pair.c1.p50_ms")),
+            None,
+            None,
+        );
+    }
+    out
+}
+
+fn print_table(figures: &Figures, verdicts: &[Verdict]) {
+    println!("{:<48} {:>12} {:>9}  unit", "figure", "median", "spread");
+    for figure in figures.all() {
+        let median = figure.median().unwrap_or(f64::NAN);
+        let spread = figure
+            .spread()
+            .map_or_else(|| "-".to_owned(), |s| format!("±{:.0}%", s * 100.0));
+        println!(
+            "{:<48} {:>12} {:>9}  {}",
+            figure.key,
+            number(median),
+            spread,
+            figure.unit
+        );
+    }
+    if !figures.notes.is_empty() {
+        println!();
+        for (key, why) in &figures.notes {
+            println!("{key}: {}", why.as_str().unwrap_or_default());
+        }
+    }
+    println!();
+    println!("{:<66} {:>9} {:>8}  verdict", "target", "ratio", "bound");
+    for v in verdicts {
+        let verdict = match v.hit {
+            Some(true) if !v.bound.is_empty() => "hit",
+            Some(false) if !v.bound.is_empty() => "MISSED",
+            None => "not measured",
+            _ => "",
+        };
+        let ratio = v.ratio.map_or_else(|| "-".to_owned(), number);
+        println!("{:<66} {:>9} {:>8}  {verdict}", v.target, ratio, v.bound);
+    }
+}
+
+fn number(value: f64) -> String {
+    if value.abs() >= 100.0 {
+        format!("{value:.0}")
+    } else if value.abs() >= 1.0 {
+        format!("{value:.2}")
+    } else {
+        format!("{value:.3}")
+    }
+}
+
+fn report(args: &BenchArgs, sizes: &Sizes, figures: &Figures, verdicts: &[Verdict]) -> Value {
+    let mut all = Map::new();
+    for figure in figures.all() {
+        all.insert(figure.key.clone(), figure.to_json());
+    }
+    json!({
+        "date": chrono::Utc::now().to_rfc3339(),
+        "mode": if args.quick { "quick" } else { "full" },
+        "machine": {
+            "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            "os": std::env::consts::OS,
+            "arch": std::env::consts::ARCH,
+        },
+        "build": if cfg!(debug_assertions) { "debug" } else { "release" },
+        "sizes": sizes,
+        "figures": all,
+        "targets": verdicts,
+        "notes": figures.notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn a_database_name_replaces_the_one_in_the_url() {
+        assert_eq!(
+            with_database("postgres://u:p@127.0.0.1:5432/postgres", "x"),
+            "postgres://u:p@127.0.0.1:5432/x"
+        );
+        assert_eq!(
+            with_database("postgres://u:p@h/postgres?sslmode=disable", "x"),
+            "postgres://u:p@h/x?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
+    }
+}

@@ -1,0 +1,268 @@
+//! The engine path: non-pure steps through `Engine::call` to a connector
+//! that confirms at once, so what is left is the harness and its commits.
+//! Also the flatness of a long run and the reconcile + unwind of one.
+
+use super::stats::{percentile, Better, Figures};
+use super::Sizes;
+use crate::saga::class::{Audience, Phase, ToolClass};
+use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
+use crate::saga::engine::{Engine, OutcomeKind};
+use crate::saga::key::step_key;
+use crate::saga::model::{Actor, NewRun, NewStep};
+use crate::saga::registry::Registry;
+use crate::saga::status::{RunStatus, StepStatus};
+use crate::saga::store::SagaStore;
+use anyhow::{bail, Context};
+use async_trait::async_trait;
+use futures::future::try_join_all;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Instant;
+use uuid::Uuid;
+
+pub const AGENT: &str = "bench-agent";
+
+/// Two tools alike but for the lookup: one whose outcome commit may be
+/// lazy (DESIGN.md §9), one whose outcome is durable before the agent
+/// hears of it. Both internal, so no correction is ever queued.
+pub const TOOLS: &str = r#"
+[[tool]]
+name = "noop_looked_up"
+class = "compensatable"
+connector = "noop.looked_up"
+audience = "internal"
+settle_ms = 0
+compensation = { tool = "noop_undo", args = { of = "{key}" } }
+
+[[tool]]
+name = "noop_blind"
+class = "compensatable"
+connector = "noop.blind"
+audience = "internal"
+settle_ms = 0
+compensation = { tool = "noop_undo", args = { of = "{key}" } }
+
+[[tool]]
+name = "noop_undo"
+class = "compensatable"
+connector = "noop.looked_up"
+audience = "internal"
+way_back_only = true
+settle_ms = 0
+"#;
+
+/// An in-process system that does nothing and confirms instantly with an
+/// id; it finds every key it is asked about.
+pub struct NoopConnector;
+
+#[async_trait]
+impl Connector for NoopConnector {
+    async fn execute(&self, _operation: &str, key: &str, _args: &Value) -> CallReport {
+        CallReport::Answered {
+            status: 200,
+            body: Some(json!({ "id": format!("noop_{key}") })),
+            idempotency_conflict: false,
+        }
+    }
+
+    async fn lookup(
+        &self,
+        operation: &str,
+        key: &str,
+        _args: &Value,
+    ) -> Result<Lookup, LookupError> {
+        if !self.has_lookup(operation) {
+            return Err(LookupError::Unsupported);
+        }
+        Ok(Lookup::FoundSucceeded {
+            external_ref: format!("noop_{key}"),
+            result: json!({ "id": format!("noop_{key}") }),
+        })
+    }
+
+    fn has_lookup(&self, operation: &str) -> bool {
+        operation == "noop.looked_up"
+    }
+
+    fn external_ref(&self, _operation: &str, body: &Value) -> Option<String> {
+        body["id"].as_str().map(str::to_owned)
+    }
+}
+
+pub fn registry() -> anyhow::Result<Arc<Registry>> {
+    Ok(Arc::new(
+        Registry::from_toml(TOOLS).context("the benchmark's tools")?,
+    ))
+}
+
+#[derive(Clone)]
+pub struct EnginePath {
+    engine: Arc<Engine>,
+    store: Arc<dyn SagaStore>,
+}
+
+impl EnginePath {
+    pub fn new(store: Arc<dyn SagaStore>) -> anyhow::Result<EnginePath> {
+        let engine = Arc::new(Engine::new(
+            store.clone(),
+            registry()?,
+            Arc::new(NoopConnector),
+        ));
+        Ok(EnginePath { engine, store })
+    }
+
+    async fn new_run(&self) -> anyhow::Result<Uuid> {
+        let (run, _) = self
+            .store
+            .create_run(NewRun {
+                agent: AGENT.into(),
+                label: None,
+                purpose: "benchmark".into(),
+            })
+            .await?;
+        Ok(run.id)
+    }
+
+    /// `steps` calls of `tool` on one new run, one after another: each
+    /// call's latency in ms.
+    async fn steps(&self, tool: &str, steps: usize) -> anyhow::Result<Vec<f64>> {
+        let run = self.new_run().await?;
+        self.steps_on(run, tool, steps).await
+    }
+
+    async fn steps_on(&self, run: Uuid, tool: &str, steps: usize) -> anyhow::Result<Vec<f64>> {
+        let mut latencies = Vec::with_capacity(steps);
+        for step in 0..steps as i64 {
+            let at = Instant::now();
+            let outcome = self
+                .engine
+                .call(AGENT, run, tool, json!({ "n": step }), Some(step))
+                .await
+                .map_err(|e| anyhow::anyhow!("step {step} of {tool}: {e}"))?;
+            latencies.push(at.elapsed().as_secs_f64() * 1e3);
+            if outcome.outcome != OutcomeKind::Confirmed {
+                bail!("step {step} of {tool} came back {:?}", outcome.outcome);
+            }
+        }
+        Ok(latencies)
+    }
+
+    pub async fn round(
+        &self,
+        prefix: &str,
+        sizes: &Sizes,
+        figures: &mut Figures,
+    ) -> anyhow::Result<()> {
+        for (tool, name) in [("noop_looked_up", "lookup"), ("noop_blind", "no_lookup")] {
+            let key = format!("{prefix}.engine.{name}");
+            let run = self.new_run().await?;
+            let started = Instant::now();
+            let latencies = self.steps_on(run, tool, sizes.ops(1)).await?;
+            let per_s = latencies.len() as f64 / started.elapsed().as_secs_f64();
+            figures.record(
+                &format!("{key}.c1.p50_ms"),
+                "ms",
+                Better::Lower,
+                percentile(&latencies, 50.0),
+            );
+            figures.record(
+                &format!("{key}.c1.p99_ms"),
+                "ms",
+                Better::Lower,
+                percentile(&latencies, 99.0),
+            );
+            figures.record(&format!("{key}.c1.per_s"), "/s", Better::Higher, per_s);
+            for runs in [8usize, 64] {
+                let each = sizes.ops(runs).div_ceil(runs);
+                let ids = try_join_all((0..runs).map(|_| self.new_run())).await?;
+                let started = Instant::now();
+                let all = try_join_all(ids.into_iter().map(|run| {
+                    let path = self.clone();
+                    tokio::spawn(async move { path.steps_on(run, tool, each).await })
+                }))
+                .await?;
+                let mut done = 0;
+                for one in all {
+                    done += one?.len();
+                }
+                let per_s = done as f64 / started.elapsed().as_secs_f64();
+                figures.record(&format!("{key}.c{runs}.per_s"), "/s", Better::Higher, per_s);
+            }
+        }
+        self.flatness(prefix, sizes, figures).await?;
+        self.unwind(prefix, sizes, figures).await
+    }
+
+    /// Step N against step 1: the p50 of a window at each end of one run.
+    async fn flatness(
+        &self,
+        prefix: &str,
+        sizes: &Sizes,
+        figures: &mut Figures,
+    ) -> anyhow::Result<()> {
+        let latencies = self.steps("noop_looked_up", sizes.long_run).await?;
+        let window = sizes.window;
+        let first = percentile(&latencies[..window], 50.0);
+        let last = percentile(&latencies[latencies.len() - window..], 50.0);
+        let key = format!("{prefix}.flat");
+        figures.record(&format!("{key}.first.p50_ms"), "ms", Better::Lower, first);
+        figures.record(&format!("{key}.last.p50_ms"), "ms", Better::Lower, last);
+        figures.record(
+            &format!("{key}.last_over_first"),
+            "×",
+            Better::Lower,
+            last / first,
+        );
+        Ok(())
+    }
+
+    /// A run whose every step is logged INTENDED and never heard back (as
+    /// after a crash): the unwind reconciles each one, then compensates
+    /// them all, newest first.
+    async fn unwind(
+        &self,
+        prefix: &str,
+        sizes: &Sizes,
+        figures: &mut Figures,
+    ) -> anyhow::Result<()> {
+        let run = self.new_run().await?;
+        let actor = Actor::Agent(AGENT.into());
+        for step in 0..sizes.long_run as i64 {
+            let key = step_key(run, step, "noop_looked_up");
+            self.store
+                .record_step(
+                    NewStep {
+                        run_id: run,
+                        step_idx: step,
+                        tool: "noop_looked_up".into(),
+                        tool_class: ToolClass::Compensatable,
+                        compensation: Some(json!({ "tool": "noop_undo", "args": { "of": key } })),
+                        idempotency_key: key,
+                        args: json!({ "n": step }),
+                        status: StepStatus::Intended,
+                        audience: Audience::Internal,
+                        phase: Phase::BeforePivot,
+                    },
+                    &actor,
+                )
+                .await?;
+        }
+        let started = Instant::now();
+        let after = self
+            .engine
+            .unwind(run, &actor, "benchmark")
+            .await
+            .map_err(|e| anyhow::anyhow!("unwinding: {e}"))?;
+        let wall = started.elapsed().as_secs_f64() * 1e3;
+        if after.status != RunStatus::Unwound {
+            bail!("the benchmark's unwind ended {}", after.status);
+        }
+        figures.record(
+            &format!("{prefix}.unwind.wall_ms"),
+            "ms",
+            Better::Lower,
+            wall,
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,98 @@
+//! The benchmark cannot rot: `saga-harness bench --quick` runs on SQLite
+//! (and on PostgreSQL when `SAGA_TEST_POSTGRES_URL` names a server) and its
+//! JSON holds every figure. No time is asserted: this machine is shared
+//! and only ratios from one run mean anything.
+
+use serde_json::Value;
+use std::process::Command;
+
+/// Every figure a backend must report, after its `sqlite.` / `postgres.` prefix.
+const FIGURES: &[&str] = &[
+    "floor.commit.c1.p50_ms",
+    "floor.commit.c1.p99_ms",
+    "floor.commit.c8.per_s",
+    "floor.commit.c64.per_s",
+    "floor.pair.c1.p50_ms",
+    "floor.pair.c1.p99_ms",
+    "floor.pair.c8.per_s",
+    "floor.pair.c64.per_s",
+    "engine.lookup.c1.p50_ms",
+    "engine.lookup.c1.p99_ms",
+    "engine.lookup.c8.per_s",
+    "engine.lookup.c64.per_s",
+    "engine.no_lookup.c1.p50_ms",
+    "engine.no_lookup.c1.p99_ms",
+    "engine.no_lookup.c8.per_s",
+    "engine.no_lookup.c64.per_s",
+    "http.c1.p50_ms",
+    "http.c1.p99_ms",
+    "http.direct.p50_ms",
+    "http.harness_share.p50_ms",
+    "flat.first.p50_ms",
+    "flat.last.p50_ms",
+    "flat.last_over_first",
+    "unwind.wall_ms",
+    "dashboard.runs_list.p50_ms",
+    "dashboard.runs_list.p99_ms",
+    "dashboard.run_page.p50_ms",
+    "dashboard.run_page.p99_ms",
+];
+
+fn quick_bench(backend: &str, postgres_url: Option<&str>) -> Value {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let json = dir.path().join("bench.json");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_saga-harness"));
+    command
+        .args(["bench", "--quick", "--backend", backend, "--json"])
+        .arg(&json)
+        .env_remove("SAGA_BENCH_POSTGRES_URL");
+    if let Some(url) = postgres_url {
+        command.args(["--postgres-url", url]);
+    }
+    let output = command.output().expect("running saga-harness bench");
+    assert!(
+        output.status.success(),
+        "bench --quick --backend {backend} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(table.contains("verdict"), "no table printed:\n{table}");
+    serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON file")).expect("JSON")
+}
+
+fn assert_every_figure(report: &Value, prefix: &str) {
+    assert_eq!(report["mode"], "quick");
+    for figure in FIGURES {
+        let key = format!("{prefix}.{figure}");
+        let found = &report["figures"][&key];
+        let median = found["median"].as_f64();
+        assert!(
+            median.is_some_and(f64::is_finite),
+            "{key} is missing or not a number: {found}"
+        );
+        let rounds = found["rounds"].as_array().map_or(0, Vec::len);
+        assert!(rounds >= 5, "{key} has {rounds} rounds, not at least 5");
+    }
+    assert!(report["targets"].as_array().is_some_and(|t| !t.is_empty()));
+    assert!(
+        report["notes"]["peers"].is_string(),
+        "the report says why peers were not measured"
+    );
+}
+
+#[test]
+fn the_quick_benchmark_reports_every_figure_on_sqlite() {
+    let report = quick_bench("sqlite", None);
+    assert_every_figure(&report, "sqlite");
+}
+
+#[test]
+fn the_quick_benchmark_reports_every_figure_on_postgres() {
+    let Ok(url) = std::env::var("SAGA_TEST_POSTGRES_URL") else {
+        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let report = quick_bench("postgres", Some(&url));
+    assert_every_figure(&report, "postgres");
+}
