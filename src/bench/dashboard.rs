@@ -135,6 +135,7 @@ impl Dashboard {
             store,
             registry,
             engine,
+            sign_ins: Arc::new(crate::auth::SignInThrottle::standard()),
         };
         Ok((Dashboard { state, runs }, filled_s))
     }
