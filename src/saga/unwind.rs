@@ -88,7 +88,8 @@ impl Engine {
                     StepStatus::Confirmed
                 }
                 (StepStatus::Intended | StepStatus::Unknown, false) => StepStatus::NotExecuted,
-                (status, _) => return Err(super::store::StoreError::Invalid(format!(
+                (status, _) => {
+                    return Err(super::store::StoreError::Invalid(format!(
                     "the compensation of step {step_idx} is {status}: there is nothing to answer{}",
                     if status == StepStatus::Failed {
                         " except that it was undone by hand"
@@ -96,7 +97,8 @@ impl Engine {
                         ""
                     }
                 ))
-                .into()),
+                    .into())
+                }
             };
             let row = self
                 .store()
@@ -254,6 +256,7 @@ impl Engine {
         let mut row = match existing {
             Some(row) => row,
             None => {
+                crate::failpoint::hit("unwind.before_compensation_intent");
                 self.store()
                     .record_compensation(
                         NewCompensation {
@@ -303,7 +306,10 @@ impl Engine {
                 StepStatus::Intended if unsent => {
                     attempts += 1;
                     unsent = false;
-                    self.send(&operation, &row.idempotency_key, &row.args).await
+                    crate::failpoint::hit("unwind.before_compensation_call");
+                    let outcome = self.send(&operation, &row.idempotency_key, &row.args).await;
+                    crate::failpoint::hit("unwind.before_compensation_outcome");
+                    outcome
                 }
                 StepStatus::Intended | StepStatus::Unknown => {
                     attempts += 1;
