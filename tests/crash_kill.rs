@@ -56,6 +56,8 @@ struct Tally {
     crashes: usize,
     effects_checked: usize,
     duplicates: usize,
+    /// "Did this happen?" questions a person answered after a crash.
+    questions: usize,
 }
 
 impl Tally {
@@ -64,12 +66,14 @@ impl Tally {
         self.crashes += other.crashes;
         self.effects_checked += other.effects_checked;
         self.duplicates += other.duplicates;
+        self.questions += other.questions;
     }
 
     fn report(&self, what: &str, backend: Backend) {
         eprintln!(
-            "crash_kill {what} on {backend:?}: {} schedules, {} crashes by failpoint, {} effects checked, {} duplicates",
-            self.schedules, self.crashes, self.effects_checked, self.duplicates
+            "crash_kill {what} on {backend:?}: {} schedules, {} crashes by failpoint, {} effects checked, \
+             {} duplicates, {} questions answered by a person",
+            self.schedules, self.crashes, self.effects_checked, self.duplicates, self.questions
         );
     }
 }
@@ -224,8 +228,9 @@ impl Schedule {
         }
     }
 
-    /// Stops the harness and reads the saga log directly.
-    async fn log(&mut self, run: &str) -> (Vec<Step>, Vec<Compensation>) {
+    /// Stops the harness and reads the saga log directly: the steps, the
+    /// compensations, and the keys of the corrections' sends.
+    async fn log(&mut self, run: &str) -> (Vec<Step>, Vec<Compensation>, Vec<String>) {
         self.harness.kill();
         let opened = saga_harness::store::open(&self.db.url).await.unwrap();
         let store = opened.saga_store();
@@ -233,6 +238,13 @@ impl Schedule {
         (
             store.steps(run).await.unwrap(),
             store.compensations(run).await.unwrap(),
+            store
+                .corrections(run)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|c| c.idempotency_key)
+                .collect(),
         )
     }
 }
@@ -304,7 +316,12 @@ fn ledger(sims: &Simulators) -> Vec<saga_harness::sim::Effect> {
 /// not at all otherwise; its way back exactly once if COMPENSATED and not
 /// at all otherwise (a ghost compensation); and no effect may carry a key
 /// the log does not know.
-fn check_ledgers(sims: &Simulators, steps: &[Step], compensations: &[Compensation]) -> Tally {
+fn check_ledgers(
+    sims: &Simulators,
+    steps: &[Step],
+    compensations: &[Compensation],
+    corrections: &[String],
+) -> Tally {
     let effects = ledger(sims);
     let mut tally = Tally::default();
     let count = |action: &str, key: &str| {
@@ -372,6 +389,7 @@ fn check_ledgers(sims: &Simulators, steps: &[Step], compensations: &[Compensatio
         .iter()
         .map(|s| s.idempotency_key.clone())
         .chain(compensations.iter().map(|c| c.idempotency_key.clone()))
+        .chain(corrections.iter().cloned())
         .collect();
     for effect in &effects {
         if let Some(key) = &effect.key {
@@ -426,9 +444,9 @@ async fn dispatch_then_unwind(backend: Backend, failpoint: &str) -> Option<Tally
         (200, Some("UNWOUND")),
         "{body}"
     );
-    let (steps, compensations) = s.log(&run).await;
+    let (steps, compensations, corrections) = s.log(&run).await;
     assert!(steps.iter().all(|s| s.status == StepStatus::Compensated));
-    let mut tally = check_ledgers(&s.sims, &steps, &compensations);
+    let mut tally = check_ledgers(&s.sims, &steps, &compensations, &corrections);
     // Each effect was asked for once: a reconcile found what the crash hid.
     assert_eq!(posts_to(&s.sims.jira, "/rest/api/3/issue"), 1);
     assert_eq!(posts_to(&s.sims.warehouse, "/v1/shipments"), 1);
@@ -455,9 +473,9 @@ async fn unwind_crash(backend: Backend, failpoint: &str) -> Option<Tally> {
     // Resume, in the new process, finished the unwind before serving.
     let (status, body) = s.run_status(&run).await;
     assert_eq!(status, "UNWOUND", "{body}");
-    let (steps, compensations) = s.log(&run).await;
+    let (steps, compensations, corrections) = s.log(&run).await;
     assert!(steps.iter().all(|s| s.status == StepStatus::Compensated));
-    let mut tally = check_ledgers(&s.sims, &steps, &compensations);
+    let mut tally = check_ledgers(&s.sims, &steps, &compensations, &corrections);
     tally.schedules = 1;
     tally.crashes = s.crashes;
     Some(tally)
@@ -488,7 +506,7 @@ async fn crash_then_unwind_without_resending(backend: Backend, failpoint: &str) 
         (200, Some("UNWOUND")),
         "{body}"
     );
-    let (steps, compensations) = s.log(&run).await;
+    let (steps, compensations, corrections) = s.log(&run).await;
     let last = &steps[2];
     let cancels = s
         .sims
@@ -506,7 +524,7 @@ async fn crash_then_unwind_without_resending(backend: Backend, failpoint: &str) 
             assert_eq!(cancels, 1);
         }
     }
-    let mut tally = check_ledgers(&s.sims, &steps, &compensations);
+    let mut tally = check_ledgers(&s.sims, &steps, &compensations, &corrections);
     tally.schedules = 1;
     tally.crashes = s.crashes;
     Some(tally)
@@ -616,17 +634,106 @@ async fn pivot_commit_crash(backend: Backend, failpoint: &str) -> Option<Tally> 
             other => panic!("the commit stopped at {other}: {body}"),
         }
     }
-    let (steps, compensations) = s.log(&run).await;
+    let (steps, compensations, corrections) = s.log(&run).await;
     assert_eq!(steps.len(), 6);
     assert!(
         steps.iter().all(|s| s.status == StepStatus::Confirmed),
         "{steps:#?}"
     );
-    let mut tally = check_ledgers(&s.sims, &steps, &compensations);
+    let mut tally = check_ledgers(&s.sims, &steps, &compensations, &corrections);
     assert_eq!(s.sims.smtp.ledger().of("email.received").len(), 1);
     assert_eq!(posts_to(&s.sims.jira, "/rest/api/3/issue"), 1);
     tally.schedules = 1;
     tally.crashes = s.crashes;
+    tally.questions = usize::from(answered);
+    Some(tally)
+}
+
+/// A correction goes out and the process dies before its outcome is
+/// written (R10): the person who sends it again gets a question, never a
+/// second letter.
+async fn correction_send_crash(backend: Backend) -> Option<Tally> {
+    let mut s = Schedule::new(backend, None).await?;
+    let run = s.new_run("correction").await;
+    let mut receipt = charge();
+    receipt["receipt"] = json!(true);
+    s.step(&run, 0, "charge_card", receipt).await;
+    let (status, body) = s
+        .agent(
+            &format!("/runs/{run}/unwind"),
+            Some(json!({"reason": "charged in error"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("UNWOUND")),
+        "{body}"
+    );
+    s.arm("correction.before_outcome").await;
+    let dashboard = Dashboard::new();
+    dashboard.sign_in(&s.harness.base, LEAD, PASSWORD).await;
+    let inbox = |base: String| {
+        let http = dashboard.http.clone();
+        async move {
+            let response = http
+                .post(format!("{base}/api/corrections_inbox"))
+                .header("accept", "application/json")
+                .send()
+                .await
+                .unwrap();
+            let inbox: Value = response.json().await.unwrap();
+            inbox["items"][0].clone()
+        }
+    };
+    let item = inbox(s.harness.base.clone()).await;
+    let (id, key) = (
+        item["id"].to_string(),
+        item["key"].as_str().unwrap().to_owned(),
+    );
+    let form = [
+        ("id", id.as_str()),
+        ("message", "We refunded the charge made in error."),
+    ];
+    match dashboard
+        .post(&s.harness.base, "send_correction", &form)
+        .await
+    {
+        Err(err) => s.crashed(&err).await,
+        Ok(response) => panic!("the failpoint never fired: {}", response.status()),
+    }
+    // The lead clicks Send again on the new process.
+    dashboard.sign_in(&s.harness.base, LEAD, PASSWORD).await;
+    let again = dashboard
+        .post(&s.harness.base, "send_correction", &form)
+        .await
+        .unwrap();
+    assert!(again.status().is_redirection(), "{}", again.status());
+    let item = inbox(s.harness.base.clone()).await;
+    assert_eq!(item["send_status"], "UNKNOWN", "{item}");
+    let letters = s
+        .sims
+        .smtp
+        .ledger()
+        .effects()
+        .iter()
+        .filter(|e| e.key.as_deref() == Some(key.as_str()))
+        .count();
+    let mut tally = Tally {
+        schedules: 1,
+        crashes: s.crashes,
+        effects_checked: 1,
+        duplicates: letters.saturating_sub(1),
+        ..Tally::default()
+    };
+    assert_eq!(letters, 1, "the correction went out {letters} times");
+    let (steps, compensations, corrections) = s.log(&run).await;
+    let checked = check_ledgers(&s.sims, &steps, &compensations, &corrections);
+    tally.add(Tally {
+        schedules: 0,
+        crashes: 0,
+        ..checked
+    });
     Some(tally)
 }
 
@@ -687,7 +794,12 @@ async fn each_commit_point(backend: Backend) {
             tally.add(t);
         }
     }
-    tally.report("pivot commit", backend);
+    for _ in 0..repeat() {
+        if let Some(t) = correction_send_crash(backend).await {
+            tally.add(t);
+        }
+    }
+    tally.report("pivot commit and correction", backend);
     assert_eq!(tally.duplicates, 0);
     assert_eq!(tally.crashes, tally.schedules);
 }
@@ -713,11 +825,11 @@ async fn postgres_a_crash_in_the_middle_of_an_unwind_compensates_each_effect_onc
 }
 
 #[tokio::test]
-async fn sqlite_a_crash_in_the_middle_of_a_pivot_commit_commits_each_step_once() {
+async fn sqlite_a_crash_in_a_pivot_commit_or_a_correction_send_doubles_nothing() {
     each_commit_point(Backend::Sqlite).await;
 }
 
 #[tokio::test]
-async fn postgres_a_crash_in_the_middle_of_a_pivot_commit_commits_each_step_once() {
+async fn postgres_a_crash_in_a_pivot_commit_or_a_correction_send_doubles_nothing() {
     each_commit_point(Backend::Postgres).await;
 }
