@@ -23,6 +23,8 @@ pub mod connectors;
 #[cfg(feature = "ssr")]
 pub mod demo;
 #[cfg(feature = "ssr")]
+pub mod failpoint;
+#[cfg(feature = "ssr")]
 pub mod server;
 #[cfg(feature = "ssr")]
 pub mod sim;

@@ -67,6 +67,7 @@ impl Engine {
                     )
                     .await?;
                 let outcome = self.send(&channel, &intended.idempotency_key, &args).await;
+                crate::failpoint::hit("correction.before_outcome");
                 self.store()
                     .settle_correction_send(id, outcome, Durability::Durable, person)
                     .await?

@@ -310,6 +310,7 @@ impl Engine {
                 .await?;
             return Ok(self.outcome_of(&held, step + 1));
         }
+        crate::failpoint::hit("dispatch.before_intent");
         // R2: the row is committed before anything is sent.
         let logged = self.store.record_step(new, &actor).await?;
         let settled = self.execute_logged(logged, &actor).await?;
@@ -464,9 +465,11 @@ impl Engine {
     pub(crate) async fn execute_logged(&self, step: Step, actor: &Actor) -> Result<Step, Refusal> {
         let spec = self.spec(&step.tool)?;
         let operation = &spec.connector;
+        crate::failpoint::hit("dispatch.before_call");
         let outcome = self
             .send(operation, &step.idempotency_key, &step.args)
             .await;
+        crate::failpoint::hit("dispatch.before_outcome");
         let durability = if self.connector.has_lookup(operation) {
             Durability::Lazy
         } else {

@@ -164,6 +164,9 @@ impl Engine {
                 )
                 .await?;
         }
+        if to == ApprovalStatus::Approved {
+            crate::failpoint::hit("pivot.after_approval");
+        }
         // A replayed decision finds the first one's outcome and carries on
         // from wherever the run is.
         let run = self
@@ -202,6 +205,7 @@ impl Engine {
                 None => {
                     let spec = self.spec(tool)?;
                     let key = step_key(run_id, idx, tool);
+                    crate::failpoint::hit("dispatch.before_intent");
                     let logged = self
                         .store()
                         .record_step(
@@ -249,6 +253,7 @@ impl Engine {
                     return self.store().run(run_id).await?.ok_or(Refusal::RunNotFound);
                 }
             }
+            crate::failpoint::hit("pivot.between_commit_steps");
         }
         Ok(self
             .store()

@@ -256,6 +256,7 @@ impl Engine {
         let mut row = match existing {
             Some(row) => row,
             None => {
+                crate::failpoint::hit("unwind.before_compensation_intent");
                 self.store()
                     .record_compensation(
                         NewCompensation {
@@ -305,7 +306,10 @@ impl Engine {
                 StepStatus::Intended if unsent => {
                     attempts += 1;
                     unsent = false;
-                    self.send(&operation, &row.idempotency_key, &row.args).await
+                    crate::failpoint::hit("unwind.before_compensation_call");
+                    let outcome = self.send(&operation, &row.idempotency_key, &row.args).await;
+                    crate::failpoint::hit("unwind.before_compensation_outcome");
+                    outcome
                 }
                 StepStatus::Intended | StepStatus::Unknown => {
                     attempts += 1;

@@ -310,7 +310,12 @@ pub async fn logout() -> Result<(), ServerFnError> {
 
 #[server(endpoint = "me")]
 pub async fn current_user() -> Result<Option<SessionUser>, ServerFnError> {
-    ssr::signed_in().await.map(Some).or(Ok(None))
+    // Nobody signed in is an answer here, not a refusal.
+    ssr::session()
+        .await?
+        .get::<SessionUser>(SESSION_USER_KEY)
+        .await
+        .map_err(ssr::internal)
 }
 
 #[server(endpoint = "nav_counts")]
@@ -363,14 +368,20 @@ pub mod ssr {
             .map_err(ServerFnError::from)
     }
 
-    /// The signed-in support lead, or an error telling them to sign in.
+    /// The signed-in support lead, or a 401 telling them to sign in (a
+    /// refusal, not a server failure: without the status it would be a 500).
     pub async fn signed_in() -> Result<SessionUser, ServerFnError> {
-        session()
+        let user = session()
             .await?
             .get::<SessionUser>(SESSION_USER_KEY)
             .await
-            .map_err(internal)?
-            .ok_or_else(|| ServerFnError::new("You are not signed in: sign in at /login."))
+            .map_err(internal)?;
+        user.ok_or_else(|| {
+            if let Some(response) = use_context::<leptos_axum::ResponseOptions>() {
+                response.set_status(axum::http::StatusCode::UNAUTHORIZED);
+            }
+            ServerFnError::new("You are not signed in: sign in at /login.")
+        })
     }
 
     /// The signed-in person, if their role may decide (approve, reject,

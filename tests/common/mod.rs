@@ -95,6 +95,7 @@ impl Drop for TestDb {
     }
 }
 pub mod crash;
+pub mod process;
 pub mod world;
 
 /// Turns each named `async fn NAME(x)` into two tests, one on a fresh

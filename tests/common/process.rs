@@ -1,0 +1,290 @@
+//! The real `saga-harness` binary as a child process: started with
+//! `serve`, its standard error kept in a file the test can read, stopped
+//! with SIGKILL (or dying by itself at a failpoint). Tests that need a
+//! process boundary — a crash, a restart, several instances, the log a
+//! process writes — use this rather than an in-process server.
+
+use saga_harness::sim::bundle::CREDENTIALS;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// How a harness process is started.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    pub database_url: String,
+    pub tools: Option<PathBuf>,
+    /// `NAME[:NTH]` for `SAGA_FAILPOINT`; none arms nothing.
+    pub failpoint: Option<String>,
+    pub rust_log: String,
+    pub env: Vec<(String, String)>,
+}
+
+impl Launch {
+    pub fn new(database_url: &str, tools: Option<&Path>) -> Self {
+        Launch {
+            database_url: database_url.to_owned(),
+            tools: tools.map(Path::to_path_buf),
+            failpoint: None,
+            rust_log: "warn".to_owned(),
+            env: Vec::new(),
+        }
+    }
+
+    pub fn failpoint(mut self, spec: impl Into<String>) -> Self {
+        self.failpoint = Some(spec.into());
+        self
+    }
+
+    pub fn rust_log(mut self, filter: &str) -> Self {
+        self.rust_log = filter.to_owned();
+        self
+    }
+
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_owned(), value.to_owned()));
+        self
+    }
+}
+
+pub struct Harness {
+    child: Child,
+    pub pid: u32,
+    /// `http://127.0.0.1:PORT`
+    pub base: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("a free port")
+        .local_addr()
+        .expect("its address")
+        .port()
+}
+
+impl Harness {
+    /// Starts the binary and waits until `/healthz` answers (after resume,
+    /// which runs before the server takes requests).
+    pub async fn start(launch: &Launch) -> Harness {
+        let dir = tempfile::tempdir().expect("a directory for the log");
+        let log = dir.path().join("stderr.log");
+        let port = free_port();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_saga-harness"));
+        command
+            .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+            .env("DATABASE_URL", &launch.database_url)
+            .env("RUST_LOG", &launch.rust_log)
+            .env_remove(saga_harness::failpoint::VARIABLE)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("the log file"));
+        if let Some(tools) = &launch.tools {
+            command.arg("--tools").arg(tools);
+        }
+        if let Some(spec) = &launch.failpoint {
+            command.env(saga_harness::failpoint::VARIABLE, spec);
+        }
+        for (name, value) in CREDENTIALS {
+            command.env(name, value);
+        }
+        for (name, value) in &launch.env {
+            command.env(name, value);
+        }
+        let child = command.spawn().expect("the harness binary starts");
+        let mut harness = Harness {
+            pid: child.id(),
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+            _dir: dir,
+        };
+        harness.wait_healthy().await;
+        harness
+    }
+
+    async fn wait_healthy(&mut self) {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("a client");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "the harness exited during start-up ({status}):\n{}",
+                    self.log_text()
+                );
+            }
+            if let Ok(response) = http.get(format!("{}/healthz", self.base)).send().await {
+                if response.status().is_success() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!(
+            "the harness at {} did not become healthy:\n{}",
+            self.base,
+            self.log_text()
+        );
+    }
+
+    /// Everything the process wrote to standard error so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the process to end by itself (at a failpoint).
+    pub async fn wait_for_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGKILL: no graceful shutdown, as a crash would be.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The process's resident memory (VmRSS), in KiB.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse().ok())
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A dashboard session: signs in over `POST /api/login` and keeps the
+/// cookie; server functions are posted as forms, the way a browser
+/// without JavaScript would.
+pub struct Dashboard {
+    pub http: reqwest::Client,
+}
+
+impl Dashboard {
+    pub fn new() -> Self {
+        Dashboard {
+            http: reqwest::Client::builder()
+                .cookie_store(true)
+                .redirect(reqwest::redirect::Policy::none())
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("a client"),
+        }
+    }
+
+    /// Signs in; panics unless the server sends the browser to `/`.
+    pub async fn sign_in(&self, base: &str, username: &str, password: &str) {
+        let response = self
+            .post(
+                base,
+                "login",
+                &[("username", username), ("password", password)],
+            )
+            .await
+            .expect("the sign-in answers");
+        let location = response
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        assert_eq!(location, "/", "sign-in of {username} refused");
+    }
+
+    /// Posts a server function's form, as the dashboard's page does.
+    pub async fn post(
+        &self,
+        base: &str,
+        endpoint: &str,
+        form: &[(&str, &str)],
+    ) -> reqwest::Result<reqwest::Response> {
+        self.http
+            .post(format!("{base}/api/{endpoint}"))
+            .header("accept", "text/html,application/xhtml+xml")
+            .form(form)
+            .send()
+            .await
+    }
+}
+
+impl Default for Dashboard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The shipped tools file pointed at `sims`, with every settle pause cut to
+/// `settle_ms` (the simulators' search does not lag unless a test says so,
+/// and a pause only makes a test slower), written into `dir`.
+pub fn tools_file(
+    sims: &saga_harness::sim::bundle::Simulators,
+    dir: &Path,
+    settle_ms: i64,
+) -> PathBuf {
+    let shipped = std::fs::read_to_string("tools/support.toml").expect("the shipped tools file");
+    let pointed = sims
+        .point(&shipped)
+        .expect("the tools file points at the simulators");
+    let mut file: toml::Table = toml::from_str(&pointed).expect("valid TOML");
+    if let Some(tools) = file.get_mut("tool").and_then(|t| t.as_array_mut()) {
+        for tool in tools.iter_mut().filter_map(|t| t.as_table_mut()) {
+            tool.insert("settle_ms".into(), toml::Value::Integer(settle_ms));
+        }
+    }
+    let path = dir.join("tools.toml");
+    std::fs::write(&path, toml::to_string(&file).expect("TOML")).expect("the tools file");
+    path
+}
+
+/// One Argon2id hash per test binary: hashing is slow in debug builds, and
+/// every provisioned person may share the password.
+pub static PASSWORD: &str = "correct horse battery staple";
+static PASSWORD_HASH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    saga_harness::auth::hash_password(PASSWORD).expect("hashing a password")
+});
+
+/// Puts an agent token and the named people (`(username, role)`, all with
+/// [`PASSWORD`]) into the database at `url`, then closes it (a SQLite file
+/// is one process's at a time). Returns the token.
+pub async fn provision(url: &str, agent: &str, people: &[(&str, &str)]) -> String {
+    let opened = saga_harness::store::open(url)
+        .await
+        .expect("the database opens");
+    let store = opened.saga_store();
+    let token = saga_harness::auth::new_api_token();
+    store
+        .add_api_token(agent, &saga_harness::auth::token_hash(&token), None)
+        .await
+        .expect("a token");
+    for (username, role) in people {
+        store
+            .add_user(username, &PASSWORD_HASH, role.parse().expect("a role"))
+            .await
+            .expect("a person");
+    }
+    drop(store);
+    drop(opened);
+    token
+}
