@@ -136,6 +136,58 @@ async fn runs_are_created_once_per_agent_label(store: Store) {
     assert_eq!(store.list_runs(10).await.unwrap().len(), 4);
 }
 
+async fn the_runs_list_puts_waiting_runs_first_and_pages(store: Store) {
+    let lead = Actor::User("dana".into());
+    let plain_old = new_run(&store, Some("old")).await;
+    let attention = new_run(&store, Some("attention")).await;
+    store
+        .move_run(
+            attention.id,
+            RunStatus::Running,
+            RunStatus::NeedsAttention,
+            &lead,
+            None,
+        )
+        .await
+        .unwrap();
+    let pivot = new_run(&store, Some("pivot")).await;
+    store
+        .move_run(
+            pivot.id,
+            RunStatus::Running,
+            RunStatus::AwaitingApproval,
+            &lead,
+            None,
+        )
+        .await
+        .unwrap();
+    let plain_new = new_run(&store, Some("new")).await;
+    let page = store.runs_page(None, 0, 10).await.unwrap();
+    let order: Vec<(Uuid, bool)> = page.runs.iter().map(|(r, w)| (r.id, *w)).collect();
+    assert_eq!(
+        order,
+        vec![
+            (pivot.id, true),
+            (attention.id, false),
+            (plain_new.id, false),
+            (plain_old.id, false)
+        ]
+    );
+    assert_eq!(page.total, 4);
+    let second = store.runs_page(None, 2, 2).await.unwrap();
+    assert_eq!(second.runs.len(), 2);
+    assert_eq!(second.runs[0].0.id, plain_new.id);
+    let running = store
+        .runs_page(Some(RunStatus::Running), 0, 10)
+        .await
+        .unwrap();
+    assert_eq!(running.total, 2);
+    assert!(running
+        .runs
+        .iter()
+        .all(|(r, _)| r.status == RunStatus::Running));
+}
+
 async fn r3_steps_take_the_next_index_in_order(store: Store) {
     let run = new_run(&store, None).await;
     let err = store
@@ -1013,6 +1065,7 @@ fn contract_store(store: Store) -> Store {
 common::on_both_backends!(
     contract_store;
     runs_are_created_once_per_agent_label,
+    the_runs_list_puts_waiting_runs_first_and_pages,
     r3_steps_take_the_next_index_in_order,
     r2_pure_calls_are_never_logged,
     every_step_transition_is_judged,

@@ -59,6 +59,14 @@ pub enum Backend {
 /// database, until dropped.
 pub trait RunClaim: Send + Sync {}
 
+/// A page of the runs list and how many runs match in all.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunsPage {
+    /// Each run, and whether it waits for an approval.
+    pub runs: Vec<(Run, bool)>,
+    pub total: i64,
+}
+
 #[async_trait]
 pub trait SagaStore: Send + Sync + 'static {
     fn backend(&self) -> Backend;
@@ -76,6 +84,15 @@ pub trait SagaStore: Send + Sync + 'static {
     async fn run(&self, id: Uuid) -> StoreResult<Option<Run>>;
     /// Newest first.
     async fn list_runs(&self, limit: i64) -> StoreResult<Vec<Run>>;
+    /// One page of runs for people: those awaiting approval (a pivot, or a
+    /// held single step) first, then those needing a person, then the rest,
+    /// newest first; optionally only one status.
+    async fn runs_page(
+        &self,
+        status: Option<RunStatus>,
+        offset: i64,
+        limit: i64,
+    ) -> StoreResult<RunsPage>;
     /// Every run in one of these statuses, oldest first (resume, sweeps).
     async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>>;
     /// Moves a run; entering NEEDS_ATTENTION remembers where it was, and

@@ -63,7 +63,7 @@ macro_rules! saga_store_sql {
         use $crate::saga::class::{Audience, Phase, Role, ToolClass};
         use $crate::saga::model::*;
         use $crate::saga::status::*;
-        use $crate::saga::store::{Backend, SagaStore, StoreError, StoreResult};
+        use $crate::saga::store::{Backend, RunsPage, SagaStore, StoreError, StoreResult};
         use $crate::store::sql::{corrupt, db, db_error, parse_uuid, EventLine};
         use chrono::Utc;
         use serde_json::Value;
@@ -604,6 +604,48 @@ macro_rules! saga_store_sql {
                     .iter()
                     .map(run_from)
                     .collect()
+            }
+
+            async fn runs_page(
+                &self,
+                status: Option<RunStatus>,
+                offset: i64,
+                limit: i64,
+            ) -> StoreResult<RunsPage> {
+                // '' matches every status: one statement for both backends.
+                let wanted = status.map(|s| s.as_str()).unwrap_or("");
+                let rows = sqlx::query(
+                    "SELECT runs.*, CAST(CASE
+                         WHEN runs.status = 'AWAITING_APPROVAL' OR EXISTS (
+                             SELECT 1 FROM approvals
+                             WHERE approvals.run_id = runs.id AND approvals.status = 'pending')
+                         THEN 0
+                         WHEN runs.status = 'NEEDS_ATTENTION' THEN 1
+                         ELSE 2 END AS BIGINT) AS waiting_rank
+                     FROM runs
+                     WHERE ($1 = '' OR runs.status = $1)
+                     ORDER BY waiting_rank, runs.created_at DESC, runs.id
+                     LIMIT $2 OFFSET $3",
+                )
+                .bind(wanted)
+                .bind(limit)
+                .bind(offset)
+                .fetch_all(self.reader())
+                .await
+                .map_err(db)?;
+                let mut runs = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    let rank: i64 = row.try_get("waiting_rank").map_err(|e| corrupt("waiting_rank", e))?;
+                    runs.push((run_from(row)?, rank == 0));
+                }
+                let total: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM runs WHERE ($1 = '' OR status = $1)",
+                )
+                .bind(wanted)
+                .fetch_one(self.reader())
+                .await
+                .map_err(db)?;
+                Ok(RunsPage { runs, total })
             }
 
             async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>> {

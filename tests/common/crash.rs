@@ -228,6 +228,14 @@ impl SagaStore for CrashingStore {
     ) -> StoreResult<Vec<Event>> {
         self.inner.events_after(run_id, after_id, limit).await
     }
+    async fn runs_page(
+        &self,
+        status: Option<RunStatus>,
+        offset: i64,
+        limit: i64,
+    ) -> StoreResult<saga_harness::saga::store::RunsPage> {
+        self.inner.runs_page(status, offset, limit).await
+    }
     async fn recent_events(&self, limit: i64) -> StoreResult<Vec<Event>> {
         self.inner.recent_events(limit).await
     }
