@@ -31,10 +31,24 @@ pub async fn main() -> ExitCode {
     match run(cli.command).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", message(&err));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, each said once: many errors
+/// already quote their cause, and `{:#}` would print it a second time.
+fn message(err: &anyhow::Error) -> String {
+    let mut message = err.to_string();
+    for cause in err.chain().skip(1) {
+        let cause = cause.to_string();
+        if !message.contains(&cause) {
+            message.push_str(": ");
+            message.push_str(&cause);
+        }
+    }
+    message
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {
@@ -126,4 +140,18 @@ fn read_password(from_stdin: bool) -> anyhow::Result<String> {
         first
     };
     Ok(password)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_already_quoted_is_not_repeated() {
+        let quoted = std::io::Error::other("disk on fire");
+        let err = anyhow::Error::new(quoted).context("reading the tools file: disk on fire");
+        assert_eq!(message(&err), "reading the tools file: disk on fire");
+        let err = anyhow::anyhow!("no such table").context("opening the log");
+        assert_eq!(message(&err), "opening the log: no such table");
+    }
 }

@@ -315,6 +315,7 @@ async fn router(state: AppState, opened: &Opened, secure: bool) -> Result<Router
             ui::shell,
         ))
         .with_state(state)
+        .layer(middleware::from_fn(undecodable_forms_are_bad_requests))
         .layer(middleware::from_fn(require_sign_in))
         .layer(middleware::from_fn(refuse_cross_site_posts));
     let expiry = Expiry::OnInactivity(tower_sessions::cookie::time::Duration::hours(8));
@@ -384,6 +385,30 @@ async fn require_sign_in(session: Session, request: Request<Body>, next: Next) -
     }
 }
 
+/// Leptos answers a server function whose form cannot be decoded (a field
+/// missing, a number that is not one) with 500 before the function runs.
+/// That is the client's mistake, and it is said with a 400.
+async fn undecodable_forms_are_bad_requests(request: Request<Body>, next: Next) -> Response {
+    let path = request.uri().path();
+    let server_fn = path.starts_with("/api/") && !path.starts_with("/api/v1/");
+    let response = next.run(request).await;
+    if !server_fn || response.status() != StatusCode::INTERNAL_SERVER_ERROR {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // Server functions' error bodies are short texts (`Variant|message`).
+    let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024).await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let client_mistake = [&b"Args|"[..], b"MissingArg|", b"Deserialization|"]
+        .iter()
+        .any(|variant| bytes.starts_with(variant));
+    if client_mistake {
+        parts.status = StatusCode::BAD_REQUEST;
+    }
+    Response::from_parts(parts, Body::from(bytes))
+}
+
 /// Form posts carry the session cookie; refuse those sent from another
 /// site's page (CSRF). Browsers always send `Origin` on cross-site POSTs.
 async fn refuse_cross_site_posts(request: Request<Body>, next: Next) -> Response {
@@ -399,11 +424,14 @@ async fn refuse_cross_site_posts(request: Request<Body>, next: Next) -> Response
             .and_then(|v| v.to_str().ok());
         // "null" (an opaque origin) never equals a host, so it is refused too.
         if origin_host.is_some_and(|origin| Some(origin) != host) {
-            return (
-                StatusCode::FORBIDDEN,
-                "cross-site form posts are refused: submit the form from the dashboard itself",
-            )
-                .into_response();
+            let message =
+                "cross-site form posts are refused: submit the form from the dashboard itself";
+            // The agent API answers every refusal in its own shape.
+            if request.uri().path().starts_with("/api/v1/") {
+                let body = serde_json::json!({"code": "cross_site_post", "message": message});
+                return (StatusCode::FORBIDDEN, axum::Json(body)).into_response();
+            }
+            return (StatusCode::FORBIDDEN, message).into_response();
         }
     }
     next.run(request).await

@@ -14,7 +14,7 @@ use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Reque
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -37,7 +37,33 @@ pub fn router() -> Router<AppState> {
     let (routes, document) = documented();
     routes
         .route(OPENAPI_PATH, get(move || async move { Json(document) }))
+        // An agent's mistaken path or method is a refusal in the API's own
+        // shape too, not an HTML page or an empty body.
+        .route("/api/v1/{*rest}", any(no_such_route))
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+}
+
+async fn no_such_route(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_such_route",
+        format!(
+            "{} is not a route of the agent API; the routes are listed in {OPENAPI_PATH}",
+            uri.path()
+        ),
+    )
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{} does not take {method}; the methods each route takes are listed in {OPENAPI_PATH}",
+            uri.path()
+        ),
+    )
 }
 
 /// The OpenAPI 3 document of the agent API.
@@ -187,8 +213,30 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        // Buffered here (within the limit) so the text can be checked for
+        // what no database stores after it has been parsed.
+        let (parts, body) = request.into_parts();
+        let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+            .await
+            .map_err(|_| {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    format!("the body is over {} KiB", MAX_BODY_BYTES / 1024),
+                )
+            })?;
+        let request = Request::from_parts(parts, axum::body::Body::from(bytes.clone()));
         match Json::<T>::from_request(request, state).await {
-            Ok(Json(value)) => Ok(Body(value)),
+            Ok(Json(value)) => {
+                if serde_json::from_slice::<Value>(&bytes).is_ok_and(|v| has_nul(&v)) {
+                    return Err(ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "invalid_body",
+                        "text cannot contain the NUL character (U+0000)",
+                    ));
+                }
+                Ok(Body(value))
+            }
             Err(rejection) => {
                 let code = match &rejection {
                     JsonRejection::JsonSyntaxError(_) => "malformed_json",
@@ -204,6 +252,17 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
                 ))
             }
         }
+    }
+}
+
+/// Whether any string (or key) holds U+0000, which PostgreSQL cannot store
+/// in text or JSON: refused on every backend alike.
+fn has_nul(value: &Value) -> bool {
+    match value {
+        Value::String(text) => text.contains('\0'),
+        Value::Array(items) => items.iter().any(has_nul),
+        Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        _ => false,
     }
 }
 
@@ -233,6 +292,28 @@ impl FromRequestParts<AppState> for Agent {
             Some(agent) => Ok(Agent(agent)),
             None => Err(unauthorized(
                 "this token is not valid; issue one with `saga-harness token create`",
+            )),
+        }
+    }
+}
+
+/// The `{run}` segment of a path, as text. A segment that is not even text
+/// (percent-encoded bytes that are not UTF-8) is refused in the API's shape.
+pub struct RunPath(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for RunPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(raw)) => Ok(RunPath(raw)),
+            Err(rejection) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_run_id",
+                format!(
+                    "the run id in the path cannot be read ({}): run ids are UUIDs, as returned by POST /api/v1/runs",
+                    rejection.body_text()
+                ),
             )),
         }
     }
@@ -316,7 +397,7 @@ async fn create_run(
 async fn read_run(
     State(state): State<AppState>,
     Agent(agent): Agent,
-    Path(raw): Path<String>,
+    RunPath(raw): RunPath,
 ) -> Result<Json<RunView>, ApiError> {
     let run = state.engine.agents_run(&agent, run_id(&raw)?).await?;
     let steps = state.store.steps(run.id).await?;
@@ -351,7 +432,7 @@ struct CallRequest {
 async fn call(
     State(state): State<AppState>,
     Agent(agent): Agent,
-    Path(raw): Path<String>,
+    RunPath(raw): RunPath,
     Body(body): Body<CallRequest>,
 ) -> Result<Json<CallOutcome>, ApiError> {
     if body.step.is_some_and(|s| s < 0) {
@@ -383,7 +464,7 @@ struct PivotRequest {
 async fn propose_pivot(
     State(state): State<AppState>,
     Agent(agent): Agent,
-    Path(raw): Path<String>,
+    RunPath(raw): RunPath,
     Body(body): Body<PivotRequest>,
 ) -> Result<Json<PivotProposed>, ApiError> {
     let approval = state
@@ -427,7 +508,7 @@ struct UnwindRequest {
 async fn unwind(
     State(state): State<AppState>,
     Agent(agent): Agent,
-    Path(raw): Path<String>,
+    RunPath(raw): RunPath,
     Body(body): Body<UnwindRequest>,
 ) -> Result<Json<Run>, ApiError> {
     if body.reason.trim().is_empty() {
@@ -452,7 +533,7 @@ async fn unwind(
 async fn complete(
     State(state): State<AppState>,
     Agent(agent): Agent,
-    Path(raw): Path<String>,
+    RunPath(raw): RunPath,
 ) -> Result<Json<Run>, ApiError> {
     Ok(Json(state.engine.complete(&agent, run_id(&raw)?).await?))
 }
@@ -510,7 +591,7 @@ const EVENT_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 async fn events(
     State(state): State<AppState>,
     Agent(agent): Agent,
-    Path(raw): Path<String>,
+    RunPath(raw): RunPath,
     headers: axum::http::HeaderMap,
 ) -> Result<impl IntoResponse, ApiError> {
     use axum::response::sse::{Event, KeepAlive, Sse};

@@ -433,7 +433,61 @@ fn spec_mistakes(spec: &ToolSpec) -> Vec<RegistryMistake> {
             "only an irreversible tool can be gated behind the pivot",
         );
     }
+    // R6: a way back is filled in before the call, from the key and the
+    // arguments; any other placeholder could never be filled, and every
+    // call of the tool would be held for a person.
+    for (field, call) in [("undo", &spec.undo), ("compensation", &spec.compensation)] {
+        if let Some(problem) = call.as_ref().and_then(|c| {
+            c.args
+                .values()
+                .find_map(|v| placeholder_problem(&toml_strings(v)))
+        }) {
+            say(field, &problem);
+        }
+    }
+    if let Some(correction) = &spec.correction {
+        let texts = std::iter::once(&correction.template).chain(&correction.recipients);
+        if let Some(problem) = texts
+            .map(String::as_str)
+            .find_map(|t| placeholder_problem(&[t]))
+        {
+            say("correction", &problem);
+        }
+    }
     mistakes
+}
+
+/// Every string inside a TOML value.
+fn toml_strings(value: &toml::Value) -> Vec<&str> {
+    match value {
+        toml::Value::String(text) => vec![text.as_str()],
+        toml::Value::Array(items) => items.iter().flat_map(toml_strings).collect(),
+        toml::Value::Table(table) => table.values().flat_map(toml_strings).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// What is wrong with the placeholders in these strings, if anything: only
+/// `{key}` and `{args.FIELD}` can be filled (see [`fill`]).
+fn placeholder_problem(texts: &[&str]) -> Option<String> {
+    for text in texts {
+        let mut rest = *text;
+        while let Some(start) = rest.find('{') {
+            let Some(end) = rest[start..].find('}') else {
+                return Some(format!("unclosed placeholder in {text:?}"));
+            };
+            let name = &rest[start + 1..start + end];
+            let known = name == "key" || name.strip_prefix("args.").is_some_and(|f| !f.is_empty());
+            if !known {
+                return Some(format!(
+                    "unknown placeholder {{{name}}}: use {{key}} (the step's idempotency key) or \
+                     {{args.FIELD}}; an external id does not exist before the call"
+                ));
+            }
+            rest = &rest[start + end + 1..];
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -531,6 +585,42 @@ mod tests {
                 "post correction.recipients"
             ]
         );
+    }
+
+    #[test]
+    fn r6_a_way_back_or_correction_with_a_placeholder_that_cannot_be_filled_is_refused() {
+        let text = r#"
+            [[tool]]
+            name = "close"
+            class = "compensatable"
+            connector = "jira.close"
+            way_back_only = true
+            [[tool]]
+            name = "ticket"
+            class = "compensatable"
+            connector = "jira.create"
+            compensation = { tool = "close", args = { issue = "{external_id}" } }
+            [[tool]]
+            name = "notify"
+            class = "irreversible"
+            connector = "smtp.send"
+            correction = { template = "About {args.subject", recipients = ["{args.to}"] }
+            [[tool]]
+            name = "fine"
+            class = "compensatable"
+            connector = "jira.create"
+            compensation = { tool = "close", args = { ticket_key = "{key}", note = ["{args.why}"] } }
+        "#;
+        let RegistryError::Mistakes(mistakes) = Registry::from_toml(text).unwrap_err() else {
+            panic!("expected mistakes");
+        };
+        let lines: Vec<String> = mistakes
+            .iter()
+            .map(|m| format!("{} {}: {}", m.tool, m.field, m.problem))
+            .collect();
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        assert!(lines[0].starts_with("ticket compensation: unknown placeholder {external_id}"));
+        assert!(lines[1].starts_with("notify correction: unclosed placeholder"));
     }
 
     #[test]

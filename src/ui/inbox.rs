@@ -204,6 +204,10 @@ pub async fn send_correction(id: i64, message: String) -> Result<(), ServerFnErr
         );
         return Ok(());
     }
+    if let Some(why) = super::ssr::unstorable(&message) {
+        super::ssr::back_to::<String, String>("/corrections", Err(why.into()));
+        return Ok(());
+    }
     let done = state
         .engine
         .send_correction(id, Some(message.trim()), &person)
@@ -229,6 +233,10 @@ pub async fn dismiss_correction(id: i64, reason: String) -> Result<(), ServerFnE
             "/corrections",
             Err("Say why the correction is dismissed.".into()),
         );
+        return Ok(());
+    }
+    if let Some(why) = super::ssr::unstorable(&reason) {
+        super::ssr::back_to::<String, String>("/corrections", Err(why.into()));
         return Ok(());
     }
     let done = state

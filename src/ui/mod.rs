@@ -263,11 +263,15 @@ pub async fn login(username: String, password: String) -> Result<(), ServerFnErr
         leptos_axum::redirect(&format!("/login?error=throttled&wait={minutes}"));
         return Ok(());
     }
-    let credentials = state
-        .store
-        .credentials(username.trim())
-        .await
-        .map_err(ssr::internal)?;
+    // A name no database could hold belongs to nobody.
+    let credentials = match ssr::unstorable(&username) {
+        Some(_) => None,
+        None => state
+            .store
+            .credentials(username.trim())
+            .await
+            .map_err(ssr::internal)?,
+    };
     // Verify even for an unknown name, so timing does not tell which
     // usernames exist.
     let (hash, user) = match credentials {
@@ -348,6 +352,7 @@ pub mod ssr {
 
     use super::{SessionUser, SESSION_USER_KEY};
     use crate::server::AppState;
+    use axum::http::StatusCode;
     use leptos::prelude::*;
     use tower_sessions::Session;
 
@@ -377,11 +382,33 @@ pub mod ssr {
             .await
             .map_err(internal)?;
         user.ok_or_else(|| {
-            if let Some(response) = use_context::<leptos_axum::ResponseOptions>() {
-                response.set_status(axum::http::StatusCode::UNAUTHORIZED);
-            }
-            ServerFnError::new("You are not signed in: sign in at /login.")
+            refused(
+                StatusCode::UNAUTHORIZED,
+                "You are not signed in: sign in at /login.",
+            )
         })
+    }
+
+    /// A refusal with its HTTP status: a bare `ServerFnError` answers 500,
+    /// which would call the client's mistake the server's failure.
+    pub fn refused(status: StatusCode, message: impl Into<String>) -> ServerFnError {
+        if let Some(response) = use_context::<leptos_axum::ResponseOptions>() {
+            response.set_status(status);
+        }
+        ServerFnError::new(message.into())
+    }
+
+    /// A run id from a form, or a 400 saying it is none.
+    pub fn run_id(text: &str) -> Result<uuid::Uuid, ServerFnError> {
+        uuid::Uuid::parse_str(text)
+            .map_err(|_| refused(StatusCode::BAD_REQUEST, format!("{text:?} is not a run id")))
+    }
+
+    /// Why this text from a form cannot be stored, if it cannot:
+    /// PostgreSQL keeps no NUL character in text (refused on SQLite alike).
+    pub fn unstorable(text: &str) -> Option<&'static str> {
+        text.contains('\0')
+            .then_some("The text cannot contain the NUL character (U+0000).")
     }
 
     /// The signed-in person, if their role may decide (approve, reject,
@@ -389,27 +416,39 @@ pub mod ssr {
     pub async fn deciding_person() -> Result<crate::saga::model::Actor, ServerFnError> {
         let user = signed_in().await?;
         if !user.role.can_decide() {
-            if let Some(response) = use_context::<leptos_axum::ResponseOptions>() {
-                response.set_status(axum::http::StatusCode::FORBIDDEN);
-            }
-            return Err(ServerFnError::new(format!(
-                "{} is a {}: only an approver or an admin may do this.",
-                user.username,
-                user.role.as_str()
-            )));
+            return Err(refused(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{} is a {}: only an approver or an admin may do this.",
+                    user.username,
+                    user.role.as_str()
+                ),
+            ));
         }
         Ok(crate::saga::model::Actor::User(user.username))
     }
 
     /// Sends the browser back to `page` with what happened in words.
     pub fn back_to<T: std::fmt::Display, E: std::fmt::Display>(page: &str, done: Result<T, E>) {
+        use percent_encoding::{utf8_percent_encode, CONTROLS, NON_ALPHANUMERIC};
         let (key, text) = match done {
             Ok(notice) => ("notice", notice.to_string()),
             Err(refusal) => ("error", refusal.to_string()),
         };
-        let text: String =
-            percent_encoding::utf8_percent_encode(&text, percent_encoding::NON_ALPHANUMERIC)
-                .to_string();
+        let text = utf8_percent_encode(&text, NON_ALPHANUMERIC).to_string();
+        // The page is a path of ours, but made with a form's field: nothing
+        // in it may end the header (a panic) or leave the site (`\\`).
+        const UNSAFE_IN_PATH: &percent_encoding::AsciiSet = &CONTROLS
+            .add(b' ')
+            .add(b'"')
+            .add(b'#')
+            .add(b'%')
+            .add(b'<')
+            .add(b'>')
+            .add(b'?')
+            .add(b'\\')
+            .add(b'`');
+        let page = utf8_percent_encode(page, UNSAFE_IN_PATH).to_string();
         leptos_axum::redirect(&format!("{page}?{key}={text}"));
     }
 

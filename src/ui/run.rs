@@ -408,12 +408,13 @@ fn steps_table(steps: Vec<StepView>) -> impl IntoView {
 pub async fn run_detail(id: String) -> Result<RunSheet, ServerFnError> {
     let user = super::ssr::signed_in().await?;
     let state = super::ssr::app_state()?;
-    let run_id = uuid::Uuid::parse_str(&id)
-        .map_err(|_| ServerFnError::new(format!("{id:?} is not a run id")))?;
+    let run_id = super::ssr::run_id(&id)?;
     ssr::detail(&state, run_id, user.role.can_decide())
         .await
         .map_err(super::ssr::internal)?
-        .ok_or_else(|| ServerFnError::new("There is no such run."))
+        .ok_or_else(|| {
+            super::ssr::refused(axum::http::StatusCode::NOT_FOUND, "There is no such run.")
+        })
 }
 
 #[server(endpoint = "decide_pivot")]
@@ -424,6 +425,8 @@ pub async fn decide_pivot(
     decision: String,
 ) -> Result<(), ServerFnError> {
     let person = super::ssr::deciding_person().await?;
+    // Also where the browser is sent back to: a run id, never other text.
+    let run = super::ssr::run_id(&run)?;
     let state = super::ssr::app_state()?;
     let approve = decision == "approve";
     let done = state
@@ -451,6 +454,8 @@ pub async fn decide_step(
     decision: String,
 ) -> Result<(), ServerFnError> {
     let person = super::ssr::deciding_person().await?;
+    // Also where the browser is sent back to: a run id, never other text.
+    let run = super::ssr::run_id(&run)?;
     let state = super::ssr::app_state()?;
     let approve = decision == "approve";
     let done = state
@@ -479,8 +484,7 @@ pub async fn answer_question(
 ) -> Result<(), ServerFnError> {
     let person = super::ssr::deciding_person().await?;
     let state = super::ssr::app_state()?;
-    let run_id = uuid::Uuid::parse_str(&run)
-        .map_err(|_| ServerFnError::new(format!("{run:?} is not a run id")))?;
+    let run_id = super::ssr::run_id(&run)?;
     let yes = happened == "yes";
     let done = state.engine.answer(run_id, step, yes, None, &person).await;
     super::ssr::back_to(
@@ -504,8 +508,7 @@ pub async fn answer_compensation(
 ) -> Result<(), ServerFnError> {
     let person = super::ssr::deciding_person().await?;
     let state = super::ssr::app_state()?;
-    let run_id = uuid::Uuid::parse_str(&run)
-        .map_err(|_| ServerFnError::new(format!("{run:?} is not a run id")))?;
+    let run_id = super::ssr::run_id(&run)?;
     let yes = undone == "yes";
     let done = state
         .engine
@@ -532,13 +535,16 @@ pub async fn answer_compensation(
 pub async fn unwind_run(run: String, reason: String) -> Result<(), ServerFnError> {
     let person = super::ssr::deciding_person().await?;
     let state = super::ssr::app_state()?;
-    let run_id = uuid::Uuid::parse_str(&run)
-        .map_err(|_| ServerFnError::new(format!("{run:?} is not a run id")))?;
+    let run_id = super::ssr::run_id(&run)?;
     if reason.trim().is_empty() {
         super::ssr::back_to::<String, String>(
             &format!("/runs/{run}"),
             Err("Say why the run is unwound.".into()),
         );
+        return Ok(());
+    }
+    if let Some(why) = super::ssr::unstorable(&reason) {
+        super::ssr::back_to::<String, String>(&format!("/runs/{run}"), Err(why.into()));
         return Ok(());
     }
     let done = state.engine.unwind(run_id, &person, reason.trim()).await;

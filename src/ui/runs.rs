@@ -159,10 +159,9 @@ pub async fn list_runs(status: Option<String>, page: i64) -> Result<RunsList, Se
     super::ssr::signed_in().await?;
     let state = super::ssr::app_state()?;
     let wanted = match status.as_deref() {
-        Some(text) => Some(
-            text.parse::<RunStatus>()
-                .map_err(|e| ServerFnError::new(e.to_string()))?,
-        ),
+        Some(text) => Some(text.parse::<RunStatus>().map_err(|e| {
+            super::ssr::refused(axum::http::StatusCode::BAD_REQUEST, e.to_string())
+        })?),
         None => None,
     };
     ssr::list(state.store.as_ref(), wanted, page)
