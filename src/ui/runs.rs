@@ -184,46 +184,22 @@ pub mod ssr {
         wanted: Option<RunStatus>,
         page: i64,
     ) -> Result<RunsList, StoreError> {
-        // A held single step waits for a person just as a pivot does.
-        let held: std::collections::HashSet<_> = store
-            .pending_approvals()
-            .await?
-            .into_iter()
-            .map(|approval| approval.run_id)
-            .collect();
-        let waiting = store
-            .runs_with_status(&[RunStatus::AwaitingApproval, RunStatus::NeedsAttention])
-            .await?;
-        let recent = store.list_runs(5000).await?;
-        // Awaiting approval first, then needing a person, then the rest newest
-        // first; each run once.
-        let rank = |run: &Run| {
-            if run.status == RunStatus::AwaitingApproval || held.contains(&run.id) {
-                0
-            } else if run.status == RunStatus::NeedsAttention {
-                1
-            } else {
-                2
-            }
-        };
-        let mut seen = std::collections::HashSet::new();
-        let mut runs: Vec<_> = waiting
-            .into_iter()
-            .chain(recent)
-            .filter(|run| seen.insert(run.id))
-            .filter(|run| wanted.is_none_or(|w| run.status == w))
-            .collect();
-        runs.sort_by_key(|run| (rank(run), std::cmp::Reverse(run.created_at)));
-        let total = runs.len() as i64;
-        let pages = ((total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
+        let first = store.runs_page(wanted, 0, PAGE_SIZE).await?;
+        let pages = ((first.total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
         let page = page.clamp(1, pages);
+        let shown = if page == 1 {
+            first
+        } else {
+            store
+                .runs_page(wanted, (page - 1) * PAGE_SIZE, PAGE_SIZE)
+                .await?
+        };
         let now = chrono::Utc::now();
-        let rows = runs
+        let rows = shown
+            .runs
             .into_iter()
-            .skip(((page - 1) * PAGE_SIZE) as usize)
-            .take(PAGE_SIZE as usize)
-            .map(|run| RunRow {
-                awaiting_approval: rank(&run) == 0,
+            .map(|(run, waiting): (Run, bool)| RunRow {
+                awaiting_approval: waiting,
                 id: run.id.to_string(),
                 agent: run.agent,
                 purpose: run.purpose,
@@ -237,7 +213,7 @@ pub mod ssr {
             rows,
             page,
             pages,
-            total,
+            total: shown.total,
         })
     }
 }
