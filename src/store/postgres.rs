@@ -11,8 +11,20 @@ use sqlx::{PgConnection, PgPool, Postgres};
 use std::str::FromStr;
 use std::time::Duration;
 
+/// Connections in the pool.
+const MAX_CONNECTIONS: u32 = 32;
+
+/// How many run claims may hold a connection at once. A claim keeps its
+/// connection (and its advisory lock) for the whole call, and the call needs
+/// another connection for its own queries: were every connection a claim,
+/// every caller would wait for a connection none of them gives back, until
+/// the pool's timeout failed them all (seen under 200 concurrent runs).
+/// Half the pool stays free for the work the claims are waiting on.
+const MAX_CLAIMS: usize = MAX_CONNECTIONS as usize / 2;
+
 pub struct PostgresStore {
     pool: PgPool,
+    claims: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl PostgresStore {
@@ -35,7 +47,7 @@ impl PostgresStore {
             })?;
         probe.close().await.map_err(db)?;
         let pool = PgPoolOptions::new()
-            .max_connections(32)
+            .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await
@@ -46,7 +58,10 @@ impl PostgresStore {
             .run(&pool)
             .await
             .map_err(|e| StoreError::Database(format!("migrating PostgreSQL at {place}: {e}")))?;
-        Ok(PostgresStore { pool })
+        Ok(PostgresStore {
+            pool,
+            claims: std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CLAIMS)),
+        })
     }
 
     pub fn session_pool(&self) -> PgPool {
@@ -79,6 +94,9 @@ impl PostgresStore {
 /// holder panicked.
 pub struct AdvisoryClaim {
     _tx: sqlx::Transaction<'static, Postgres>,
+    // Dropped after the transaction (fields drop in order): the connection
+    // is back in the pool before the next claim may take one.
+    _permit: tokio::sync::OwnedSemaphorePermit,
 }
 impl crate::saga::store::RunClaim for AdvisoryClaim {}
 
@@ -87,6 +105,12 @@ impl PostgresStore {
         &self,
         run_id: uuid::Uuid,
     ) -> StoreResult<Box<dyn crate::saga::store::RunClaim>> {
+        let permit = self
+            .claims
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| StoreError::Database(format!("claiming run {run_id}: {e}")))?;
         let mut tx = self.pool.begin().await.map_err(db)?;
         // Two 32-bit halves of the run id's hash space: "saga" runs only.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('saga-run'), hashtext($1))")
@@ -94,7 +118,10 @@ impl PostgresStore {
             .execute(&mut *tx)
             .await
             .map_err(db)?;
-        Ok(Box::new(AdvisoryClaim { _tx: tx }))
+        Ok(Box::new(AdvisoryClaim {
+            _tx: tx,
+            _permit: permit,
+        }))
     }
 }
 
