@@ -118,6 +118,9 @@ async fn post(http: &reqwest::Client, url: &str, token: &str, body: &Value) -> (
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+/// What each racer was told, by (run, step).
+type Answers = HashMap<(usize, usize), Vec<Value>>;
+
 #[tokio::test]
 async fn postgres_three_processes_and_many_clients_racing_make_one_effect_per_step() {
     let Some(db) = common::postgres().await else {
@@ -152,7 +155,7 @@ async fn postgres_three_processes_and_many_clients_racing_make_one_effect_per_st
         .unwrap();
     let started = Instant::now();
     let mut tasks = Vec::new();
-    let answers: Arc<Mutex<HashMap<(usize, usize), Vec<Value>>>> = Arc::default();
+    let answers: Arc<Mutex<Answers>> = Arc::default();
     for run in 0..runs {
         // Every racer creates "the same" run by label: one run.
         for racer in 0..racers {
