@@ -212,7 +212,7 @@ fn raw_body(rng: &mut StdRng, shaped: &Value) -> Vec<u8> {
         2 => "[".repeat(rng.gen_range(100..5000)).into_bytes(),
         3 => vec![b' '; 300 * 1024],
         4 => Vec::new(),
-        5 => br#"{"step": 1e400, "tool": "x"}"#.to_vec(),
+        5 => b"{\"step\": 1e400, \"tool\": \"x\"}".to_vec(),
         6 => {
             let mut bytes = text.into_bytes();
             if !bytes.is_empty() {
