@@ -35,7 +35,7 @@ const NASTY: &[&str] = &[
     "javascript:alert(1)",
     "]]></x><!--",
     "{{7*7}} ${7*7} {key} {args.amount}",
-    "$(touch /tmp/saga-pwned) `id`",
+    "$(touch saga-pwned) `id`",
     "line one\r\nSet-Cookie: planted=1",
     "nul \u{0} byte",
     "\u{202e}gnp.exe \u{1f600} \u{fffd}",
