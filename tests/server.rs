@@ -371,3 +371,51 @@ async fn after_five_failed_sign_ins_the_account_waits_even_with_the_right_passwo
         .status()
         .is_redirection());
 }
+
+#[tokio::test]
+async fn a_decision_or_answer_that_is_neither_choice_is_refused_not_taken_as_no() {
+    let server = start(common::sqlite()).await;
+    let base = &server.base;
+    let client = client();
+    sign_in(&client, base, "correct horse battery").await;
+    let run = "6f1c2a4e-3b7d-4c1e-9a2f-0d5e8b7c6a11";
+    for (endpoint, form) in [
+        (
+            "decide_pivot",
+            vec![
+                ("run", run),
+                ("approval", "1"),
+                ("digest", "d"),
+                ("decision", "Approve"),
+            ],
+        ),
+        (
+            "decide_step",
+            vec![
+                ("run", run),
+                ("approval", "1"),
+                ("digest", "d"),
+                ("decision", "maybe"),
+            ],
+        ),
+        (
+            "answer_question",
+            vec![("run", run), ("step", "0"), ("happened", "true")],
+        ),
+        (
+            "answer_compensation",
+            vec![("run", run), ("step", "0"), ("undone", "")],
+        ),
+    ] {
+        let response = client
+            .post(format!("{base}/api/{endpoint}"))
+            .header("accept", "text/html")
+            .form(&form)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{endpoint}");
+        let body = response.text().await.unwrap();
+        assert!(body.contains("must be"), "{endpoint}: {body}");
+    }
+}

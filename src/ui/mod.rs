@@ -404,6 +404,20 @@ pub mod ssr {
             .map_err(|_| refused(StatusCode::BAD_REQUEST, format!("{text:?} is not a run id")))
     }
 
+    /// A two-way choice from a form: `Ok(true)` for `yes`, `Ok(false)` for
+    /// `no`, and a 400 for anything else, so a mistyped value never takes
+    /// the branch that unwinds or re-sends.
+    pub fn choice(field: &str, value: &str, yes: &str, no: &str) -> Result<bool, ServerFnError> {
+        match value {
+            v if v == yes => Ok(true),
+            v if v == no => Ok(false),
+            other => Err(refused(
+                StatusCode::BAD_REQUEST,
+                format!("{field} must be {yes:?} or {no:?}, not {other:?}"),
+            )),
+        }
+    }
+
     /// Why this text from a form cannot be stored, if it cannot:
     /// PostgreSQL keeps no NUL character in text (refused on SQLite alike).
     pub fn unstorable(text: &str) -> Option<&'static str> {

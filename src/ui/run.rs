@@ -428,7 +428,7 @@ pub async fn decide_pivot(
     // Also where the browser is sent back to: a run id, never other text.
     let run = super::ssr::run_id(&run)?;
     let state = super::ssr::app_state()?;
-    let approve = decision == "approve";
+    let approve = super::ssr::choice("decision", &decision, "approve", "reject")?;
     let done = state
         .engine
         .decide_pivot(approval, &digest, approve, &person)
@@ -457,7 +457,7 @@ pub async fn decide_step(
     // Also where the browser is sent back to: a run id, never other text.
     let run = super::ssr::run_id(&run)?;
     let state = super::ssr::app_state()?;
-    let approve = decision == "approve";
+    let approve = super::ssr::choice("decision", &decision, "approve", "reject")?;
     let done = state
         .engine
         .decide_step(approval, &digest, approve, &person)
@@ -485,7 +485,7 @@ pub async fn answer_question(
     let person = super::ssr::deciding_person().await?;
     let state = super::ssr::app_state()?;
     let run_id = super::ssr::run_id(&run)?;
-    let yes = happened == "yes";
+    let yes = super::ssr::choice("happened", &happened, "yes", "no")?;
     let done = state.engine.answer(run_id, step, yes, None, &person).await;
     super::ssr::back_to(
         &format!("/runs/{run}"),
@@ -509,7 +509,7 @@ pub async fn answer_compensation(
     let person = super::ssr::deciding_person().await?;
     let state = super::ssr::app_state()?;
     let run_id = super::ssr::run_id(&run)?;
-    let yes = undone == "yes";
+    let yes = super::ssr::choice("undone", &undone, "yes", "no")?;
     let done = state
         .engine
         .answer_compensation(run_id, step, yes, &person)
