@@ -1139,3 +1139,56 @@ async fn postgres_several_instances_share_one_database() {
     assert_eq!(ra.is_ok() as u8 + rb.is_ok() as u8, 1, "{ra:?} {rb:?}");
     assert_eq!(a.run(run.id).await.unwrap().unwrap().next_step, 1);
 }
+
+/// The run claim across instances: exclusive while held, free again once
+/// dropped, and free again when a caller gives up while still waiting for
+/// it (an agent that hangs up mid-call must not leave the run locked).
+#[tokio::test]
+async fn postgres_run_claims_are_exclusive_and_never_left_behind() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let a = saga_harness::store::open(&db.url)
+        .await
+        .unwrap()
+        .saga_store();
+    let b = saga_harness::store::open(&db.url)
+        .await
+        .unwrap()
+        .saga_store();
+    let run = new_run(&a, Some("claimed")).await;
+    let wait = std::time::Duration::from_millis(300);
+    let held = a.claim_run(run.id).await.unwrap();
+    assert!(
+        tokio::time::timeout(wait, b.claim_run(run.id)).await.is_err(),
+        "a second instance claimed a run that was held"
+    );
+    // Another run is not blocked by this one.
+    let other = new_run(&a, Some("other")).await;
+    tokio::time::timeout(wait, b.claim_run(other.id))
+        .await
+        .expect("an unrelated run waited for this run's claim")
+        .unwrap();
+    drop(held);
+    let again = tokio::time::timeout(std::time::Duration::from_secs(5), b.claim_run(run.id))
+        .await
+        .expect("a dropped claim was not released")
+        .unwrap();
+    drop(again);
+    // Give up while waiting, several times over: each abandoned wait must
+    // not end up holding the run.
+    let held = a.claim_run(run.id).await.unwrap();
+    for _ in 0..3 {
+        let gave_up = tokio::time::timeout(std::time::Duration::from_millis(50), b.claim_run(run.id));
+        assert!(gave_up.await.is_err());
+    }
+    drop(held);
+    for store in [&a, &b] {
+        let claim = tokio::time::timeout(std::time::Duration::from_secs(5), store.claim_run(run.id))
+            .await
+            .expect("an abandoned wait left the run claimed")
+            .unwrap();
+        drop(claim);
+    }
+}

@@ -85,14 +85,48 @@ impl PostgresStore {
     }
 }
 
-/// A transaction holding `pg_advisory_xact_lock` on the run: dropping it
-/// rolls the (empty) transaction back, which releases the lock, even if the
-/// holder panicked.
+/// A connection holding the session-level advisory lock of one run. The
+/// lock is taken in one round trip and released off the caller's path when
+/// the claim is dropped: a spawned task unlocks and returns the connection.
+/// Whenever the lock's state is in doubt (the claim was dropped while
+/// waiting for it, the unlock failed, no runtime to unlock on) the
+/// connection is closed instead, and closing the session releases the lock.
 pub struct AdvisoryClaim {
-    _tx: sqlx::Transaction<'static, Postgres>,
-    _slot: tokio::sync::OwnedSemaphorePermit,
+    conn: Option<PoolConnection<Postgres>>,
+    run_id: uuid::Uuid,
+    locked: bool,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 impl crate::saga::store::RunClaim for AdvisoryClaim {}
+
+const LOCK_RUN: &str = "SELECT pg_advisory_lock(hashtext('saga-run'), hashtext($1))";
+const UNLOCK_RUN: &str = "SELECT pg_advisory_unlock(hashtext('saga-run'), hashtext($1))";
+
+impl Drop for AdvisoryClaim {
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        let runtime = tokio::runtime::Handle::try_current();
+        let (true, Ok(runtime)) = (self.locked, runtime) else {
+            conn.close_on_drop();
+            return;
+        };
+        let run_id = self.run_id.to_string();
+        let slot = self.slot.take();
+        runtime.spawn(async move {
+            let unlocked: Result<bool, _> = sqlx::query_scalar(UNLOCK_RUN)
+                .bind(run_id)
+                .fetch_one(&mut *conn)
+                .await;
+            if !matches!(unlocked, Ok(true)) {
+                conn.close_on_drop();
+            }
+            drop(conn);
+            drop(slot);
+        });
+    }
+}
 
 impl PostgresStore {
     async fn claim(
@@ -105,17 +139,131 @@ impl PostgresStore {
             .acquire_owned()
             .await
             .map_err(|_| StoreError::Database("the store is closing".into()))?;
-        let mut tx = self.pool.begin().await.map_err(db)?;
-        // Two 32-bit halves of the run id's hash space: "saga" runs only.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('saga-run'), hashtext($1))")
-            .bind(run_id.to_string())
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
-        Ok(Box::new(AdvisoryClaim {
-            _tx: tx,
-            _slot: slot,
-        }))
+        let conn = self.pool.acquire().await.map_err(db)?;
+        let mut claim = AdvisoryClaim {
+            conn: Some(conn),
+            run_id,
+            locked: false,
+            slot: Some(slot),
+        };
+        if let Some(conn) = claim.conn.as_mut() {
+            sqlx::query(LOCK_RUN)
+                .bind(run_id.to_string())
+                .execute(&mut **conn)
+                .await
+                .map_err(db)?;
+        }
+        claim.locked = true;
+        Ok(Box::new(claim))
+    }
+
+    /// The intent row in one statement (one round trip, one commit): the
+    /// guarded counter update, the row and its audit line. When the run's
+    /// counter does not match nothing is written, and a second query says
+    /// why.
+    async fn record_step_alone(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
+        check_new_step(&new)?;
+        let mut conn = self.pool.acquire().await.map_err(db)?;
+        let now = Utc::now();
+        let row = sqlx::query(
+            "WITH advanced AS (
+                UPDATE runs SET next_step = next_step + 1,
+                    irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11
+                WHERE id = $1 AND next_step = $2
+                RETURNING id
+             ), inserted AS (
+                INSERT INTO saga_log (run_id, step_idx, tool, tool_class, idempotency_key, args,
+                    status, compensation, audience, phase, approved_individually, created_at,
+                    updated_at)
+                SELECT id, $2, $3, $4, $5, $6, $7, $8, $9, $10, FALSE, $11, $11 FROM advanced
+                RETURNING *
+             ), logged AS (
+                INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status,
+                    detail, at)
+                SELECT run_id, 'step', step_idx, $13, NULL, status, $14, $11 FROM inserted
+             )
+             SELECT * FROM inserted",
+        )
+        .bind(new.run_id.to_string())
+        .bind(new.step_idx)
+        .bind(&new.tool)
+        .bind(new.tool_class.as_str())
+        .bind(&new.idempotency_key)
+        .bind(Json(&new.args))
+        .bind(new.status.as_str())
+        .bind(new.compensation.as_ref().map(Json))
+        .bind(new.audience.as_str())
+        .bind(new.phase.as_str())
+        .bind(now)
+        .bind(i64::from(counts_as_irreversible(&new)))
+        .bind(actor.to_string())
+        .bind(step_event_detail(&new))
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
+        match row {
+            Some(row) => step_from(&row),
+            None => Err(why_step_refused(&mut conn, new.run_id, new.step_idx).await),
+        }
+    }
+
+    /// An outcome in one statement: the compare-and-set, its audit line,
+    /// and for a lazy commit `synchronous_commit = off` for this statement's
+    /// own transaction only. A held step released by a person takes the
+    /// general path (it also marks the step and counts it against the run).
+    async fn settle_step_alone(
+        &self,
+        run_id: uuid::Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+    ) -> StoreResult<Step> {
+        let mut conn = self.pool.acquire().await.map_err(db)?;
+        if approves_individually(&outcome) {
+            let mut tx = conn.begin().await.map_err(db)?;
+            Self::lazy_commit(&mut tx, durability).await?;
+            let step = settle_step_in(&mut tx, run_id, step_idx, outcome, actor).await?;
+            tx.commit().await.map_err(db)?;
+            return Ok(step);
+        }
+        // A durable commit keeps whatever the server is set to.
+        let commit_mode = (durability == Durability::Lazy).then_some("off");
+        let row = sqlx::query(
+            "WITH commit_mode AS (
+                SELECT set_config('synchronous_commit',
+                    COALESCE($9, current_setting('synchronous_commit')), true) AS mode
+             ), settled AS (
+                UPDATE saga_log SET status = $1, external_ref = COALESCE($2, external_ref),
+                    result = COALESCE($3, result), error = COALESCE($4, error), updated_at = $5
+                WHERE run_id = $6 AND step_idx = $7 AND status = $8
+                  AND (SELECT mode FROM commit_mode) IS NOT NULL
+                RETURNING *
+             ), logged AS (
+                INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status,
+                    detail, at)
+                SELECT run_id, 'step', step_idx, $10, $8, $1, $11, $5 FROM settled
+             )
+             SELECT * FROM settled",
+        )
+        .bind(outcome.to.as_str())
+        .bind(&outcome.external_ref)
+        .bind(outcome.result.as_ref().map(Json))
+        .bind(&outcome.error)
+        .bind(Utc::now())
+        .bind(run_id.to_string())
+        .bind(step_idx)
+        .bind(outcome.from.as_str())
+        .bind(commit_mode)
+        .bind(actor.to_string())
+        .bind(settle_event_detail(&outcome))
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db)?;
+        match row {
+            Some(row) => step_from(&row),
+            None => Err(step_not_settled(&mut conn, run_id, step_idx, outcome.from).await),
+        }
     }
 }
 

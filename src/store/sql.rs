@@ -354,8 +354,8 @@ macro_rules! saga_store_sql {
             }
         }
 
-        /// Checks and inserts a new step at the run's next index.
-        async fn insert_step(conn: &mut DbConn, new: NewStep, actor: &Actor) -> StoreResult<Step> {
+        /// Refuses a new step that could never be logged, before any SQL.
+        fn check_new_step(new: &NewStep) -> StoreResult<()> {
             if new.tool_class == ToolClass::Pure {
                 return Err(StoreError::Invalid(format!(
                     "{} is pure: pure calls are never written to the saga log (R2)",
@@ -368,17 +368,56 @@ macro_rules! saga_store_sql {
                     new.status
                 )));
             }
-            let run = lock_run(&mut *conn, new.run_id).await?;
-            if new.step_idx < run.next_step {
-                return Err(StoreError::StepExists { step_idx: new.step_idx });
+            Ok(())
+        }
+
+        /// Whether a new step counts against the run's irreversible calls
+        /// before the pivot (it is sent now, unapproved by a pivot).
+        fn counts_as_irreversible(new: &NewStep) -> bool {
+            new.tool_class == ToolClass::Irreversible
+                && new.phase == Phase::BeforePivot
+                && new.status == StepStatus::Intended
+        }
+
+        /// Why a run did not take a new step at `step_idx`: it is missing,
+        /// the index is taken, or it skips ahead.
+        async fn why_step_refused(conn: &mut DbConn, run_id: Uuid, step_idx: i64) -> StoreError {
+            let found = sqlx::query("SELECT next_step FROM runs WHERE id = $1")
+                .bind(run_id.to_string())
+                .fetch_optional(&mut *conn)
+                .await;
+            match found {
+                Ok(None) => StoreError::NotFound { what: format!("run {run_id}") },
+                Ok(Some(row)) => match get::<i64>(&row, "next_step") {
+                    Ok(next) if step_idx < next => StoreError::StepExists { step_idx },
+                    Ok(next) => StoreError::StepOutOfOrder { given: step_idx, expected: next },
+                    Err(e) => e,
+                },
+                Err(e) => db(e),
             }
-            if new.step_idx > run.next_step {
-                return Err(StoreError::StepOutOfOrder {
-                    given: new.step_idx,
-                    expected: run.next_step,
-                });
-            }
+        }
+
+        /// Inserts a new step at the run's next index, inside the caller's
+        /// transaction. The guarded counter update comes first: it takes the
+        /// run's row lock and checks the index in one statement.
+        async fn insert_step(conn: &mut DbConn, new: NewStep, actor: &Actor) -> StoreResult<Step> {
+            check_new_step(&new)?;
             let now = Utc::now();
+            let advanced = sqlx::query(
+                "UPDATE runs SET next_step = next_step + 1,
+                    irreversible_before_pivot = irreversible_before_pivot + $1, updated_at = $2
+                 WHERE id = $3 AND next_step = $4",
+            )
+            .bind(i64::from(counts_as_irreversible(&new)))
+            .bind(now)
+            .bind(new.run_id.to_string())
+            .bind(new.step_idx)
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?;
+            if advanced.rows_affected() == 0 {
+                return Err(why_step_refused(conn, new.run_id, new.step_idx).await);
+            }
             let row = sqlx::query(
                 "INSERT INTO saga_log (run_id, step_idx, tool, tool_class, idempotency_key, args, status,
                     compensation, audience, phase, approved_individually, created_at, updated_at)
@@ -400,20 +439,6 @@ macro_rules! saga_store_sql {
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
-            let counts = new.tool_class == ToolClass::Irreversible
-                && new.phase == Phase::BeforePivot
-                && new.status == StepStatus::Intended;
-            sqlx::query(
-                "UPDATE runs SET next_step = next_step + 1,
-                    irreversible_before_pivot = irreversible_before_pivot + $1, updated_at = $2
-                 WHERE id = $3",
-            )
-            .bind(i64::from(counts))
-            .bind(now)
-            .bind(new.run_id.to_string())
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
             append_event(
                 &mut *conn,
                 EventLine {
@@ -423,12 +448,16 @@ macro_rules! saga_store_sql {
                     actor,
                     from: None,
                     to: Some(new.status.as_str()),
-                    detail: Some(format!("{} key={}", new.tool, new.idempotency_key)),
+                    detail: Some(step_event_detail(&new)),
                     at: now,
                 },
             )
             .await?;
             step_from(&row)
+        }
+
+        fn step_event_detail(new: &NewStep) -> String {
+            format!("{} key={}", new.tool, new.idempotency_key)
         }
 
         /// Inserts an approval request; a pivot request supersedes the run's
@@ -516,6 +545,100 @@ macro_rules! saga_store_sql {
                     apply_run_move(&mut *conn, new.run_id, from, to, actor, Some("approval requested")).await?;
                 }
                 Ok(approval)
+        }
+
+        /// Moves a step to its outcome inside the caller's transaction.
+        async fn settle_step_in(
+            conn: &mut DbConn,
+            run_id: Uuid,
+            step_idx: i64,
+            outcome: Outcome,
+            actor: &Actor,
+        ) -> StoreResult<Step> {
+            let now = Utc::now();
+            let found = sqlx::query(
+                "UPDATE saga_log SET status = $1, external_ref = COALESCE($2, external_ref),
+                    result = COALESCE($3, result), error = COALESCE($4, error), updated_at = $5
+                 WHERE run_id = $6 AND step_idx = $7 AND status = $8
+                 RETURNING *",
+            )
+            .bind(outcome.to.as_str())
+            .bind(&outcome.external_ref)
+            .bind(outcome.result.as_ref().map(Json))
+            .bind(&outcome.error)
+            .bind(now)
+            .bind(run_id.to_string())
+            .bind(step_idx)
+            .bind(outcome.from.as_str())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db)?;
+            let Some(row) = found else {
+                return Err(step_not_settled(conn, run_id, step_idx, outcome.from).await);
+            };
+            let mut step = step_from(&row)?;
+            // An irreversible call held before the pivot runs on its own
+            // approval: counted against the run, and marked as approved.
+            if approves_individually(&outcome) && step.tool_class == ToolClass::Irreversible
+                && step.phase == Phase::BeforePivot
+            {
+                sqlx::query("UPDATE saga_log SET approved_individually = $1 WHERE run_id = $2 AND step_idx = $3")
+                    .bind(true)
+                    .bind(run_id.to_string())
+                    .bind(step_idx)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db)?;
+                sqlx::query("UPDATE runs SET irreversible_before_pivot = irreversible_before_pivot + 1 WHERE id = $1")
+                    .bind(run_id.to_string())
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db)?;
+                step.approved_individually = true;
+            }
+            append_event(
+                conn,
+                EventLine {
+                    run_id: Some(run_id),
+                    entity: "step",
+                    entity_id: Some(step_idx),
+                    actor,
+                    from: Some(outcome.from.as_str()),
+                    to: Some(outcome.to.as_str()),
+                    detail: settle_event_detail(&outcome),
+                    at: now,
+                },
+            )
+            .await?;
+            Ok(step)
+        }
+
+        /// A held step released by a person's approval: the one move that
+        /// may mark a step approved on its own.
+        fn approves_individually(outcome: &Outcome) -> bool {
+            outcome.from == StepStatus::AwaitingApproval && outcome.to == StepStatus::Intended
+        }
+
+        fn settle_event_detail(outcome: &Outcome) -> Option<String> {
+            outcome.external_ref.clone().or(outcome.error.clone())
+        }
+
+        /// Why a step's compare-and-set found nothing.
+        async fn step_not_settled(
+            conn: &mut DbConn,
+            run_id: Uuid,
+            step_idx: i64,
+            expected: StepStatus,
+        ) -> StoreError {
+            missing_or_stale(
+                conn,
+                "SELECT status FROM saga_log WHERE run_id = $1 AND step_idx = $2",
+                format!("step {step_idx} of run {run_id}"),
+                run_id,
+                step_idx,
+                expected,
+            )
+            .await
         }
 
         async fn commit(tx: sqlx::Transaction<'_, $Db>) -> StoreResult<()> {
@@ -687,11 +810,7 @@ macro_rules! saga_store_sql {
             }
 
             async fn record_step(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
-                let mut conn = self.write(Durability::Durable).await?;
-                let mut tx = conn.begin().await.map_err(db)?;
-                let step = insert_step(&mut tx, new, actor).await?;
-                commit(tx).await?;
-                Ok(step)
+                self.record_step_alone(new, actor).await
             }
 
             async fn record_held_step(
@@ -717,76 +836,7 @@ macro_rules! saga_store_sql {
                 actor: &Actor,
             ) -> StoreResult<Step> {
                 check_step_transition(Lifecycle::Step, outcome.from, outcome.to)?;
-                let mut conn = self.write(durability).await?;
-                let mut tx = conn.begin().await.map_err(db)?;
-                Self::lazy_commit(&mut tx, durability).await?;
-                let now = Utc::now();
-                let found = sqlx::query(
-                    "UPDATE saga_log SET status = $1, external_ref = COALESCE($2, external_ref),
-                        result = COALESCE($3, result), error = COALESCE($4, error), updated_at = $5
-                     WHERE run_id = $6 AND step_idx = $7 AND status = $8
-                     RETURNING *",
-                )
-                .bind(outcome.to.as_str())
-                .bind(&outcome.external_ref)
-                .bind(outcome.result.as_ref().map(Json))
-                .bind(&outcome.error)
-                .bind(now)
-                .bind(run_id.to_string())
-                .bind(step_idx)
-                .bind(outcome.from.as_str())
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(db)?;
-                let Some(row) = found else {
-                    return Err(missing_or_stale(
-                        &mut tx,
-                        "SELECT status FROM saga_log WHERE run_id = $1 AND step_idx = $2",
-                        format!("step {step_idx} of run {run_id}"),
-                        run_id,
-                        step_idx,
-                        outcome.from,
-                    )
-                    .await);
-                };
-                let mut step = step_from(&row)?;
-                // An irreversible call held before the pivot runs on its own
-                // approval: counted against the run, and marked as approved.
-                if outcome.from == StepStatus::AwaitingApproval
-                    && outcome.to == StepStatus::Intended
-                    && step.tool_class == ToolClass::Irreversible
-                    && step.phase == Phase::BeforePivot
-                {
-                    sqlx::query("UPDATE saga_log SET approved_individually = $1 WHERE run_id = $2 AND step_idx = $3")
-                        .bind(true)
-                        .bind(run_id.to_string())
-                        .bind(step_idx)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    sqlx::query("UPDATE runs SET irreversible_before_pivot = irreversible_before_pivot + 1 WHERE id = $1")
-                        .bind(run_id.to_string())
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    step.approved_individually = true;
-                }
-                append_event(
-                    &mut tx,
-                    EventLine {
-                        run_id: Some(run_id),
-                        entity: "step",
-                        entity_id: Some(step_idx),
-                        actor,
-                        from: Some(outcome.from.as_str()),
-                        to: Some(outcome.to.as_str()),
-                        detail: outcome.external_ref.clone().or(outcome.error.clone()),
-                        at: now,
-                    },
-                )
-                .await?;
-                commit(tx).await?;
-                Ok(step)
+                self.settle_step_alone(run_id, step_idx, outcome, durability, actor).await
             }
 
             async fn step(&self, run_id: Uuid, step_idx: i64) -> StoreResult<Option<Step>> {

@@ -15,11 +15,14 @@ use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 pub struct SqliteStore {
     writer: SqlitePool,
     readers: SqlitePool,
+    /// Whether the writer was last set to `synchronous = NORMAL`.
+    synchronous_is_normal: AtomicBool,
     /// Held for the life of the store: a second harness on the same file is
     /// refused at start-up instead of corrupting the single-writer design.
     _lock: File,
@@ -60,6 +63,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             writer,
             readers,
+            synchronous_is_normal: AtomicBool::new(false),
             _lock: lock,
         })
     }
@@ -81,24 +85,57 @@ impl SqliteStore {
 
     /// The writer connection, set to the durability this commit needs.
     /// SQLite refuses to change it inside a transaction, so it is set here.
+    /// The writer, set to `durability`. The pragma is sent only when the
+    /// setting changes: `synchronous_is_normal` is set after the pragma ran,
+    /// so when it is wrong (the pool opened a fresh connection, which starts
+    /// at FULL) the connection is at FULL, the safe side.
     async fn write(&self, durability: Durability) -> StoreResult<PoolConnection<Sqlite>> {
         let mut conn = self.writer.acquire().await.map_err(db)?;
-        let pragma = match durability {
-            Durability::Durable => "PRAGMA synchronous = FULL",
-            Durability::Lazy => "PRAGMA synchronous = NORMAL",
-        };
-        sqlx::query(pragma).execute(&mut *conn).await.map_err(db)?;
+        let want_normal = durability == Durability::Lazy;
+        if self.synchronous_is_normal.load(Ordering::Acquire) != want_normal {
+            let pragma = if want_normal {
+                "PRAGMA synchronous = NORMAL"
+            } else {
+                "PRAGMA synchronous = FULL"
+            };
+            sqlx::query(pragma).execute(&mut *conn).await.map_err(db)?;
+            self.synchronous_is_normal
+                .store(want_normal, Ordering::Release);
+        }
         Ok(conn)
     }
 
-    /// Nothing to do inside the transaction: `write` chose the level.
     async fn lazy_commit(_tx: &mut SqliteConnection, _durability: Durability) -> StoreResult<()> {
         Ok(())
     }
+
+    /// One transaction on the single writer: SQLite has no statement that
+    /// inserts and updates two tables at once, and its round trips are calls
+    /// into the same process.
+    async fn record_step_alone(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
+        let mut conn = self.write(Durability::Durable).await?;
+        let mut tx = conn.begin().await.map_err(db)?;
+        let step = insert_step(&mut tx, new, actor).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(step)
+    }
+
+    async fn settle_step_alone(
+        &self,
+        run_id: uuid::Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+    ) -> StoreResult<Step> {
+        let mut conn = self.write(durability).await?;
+        let mut tx = conn.begin().await.map_err(db)?;
+        let step = settle_step_in(&mut tx, run_id, step_idx, outcome, actor).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(step)
+    }
 }
 
-/// One process owns the file (see `take_process_lock`), so the engine's
-/// in-process lock already serialises a run; the claim holds nothing.
 pub struct NoClaim;
 impl crate::saga::store::RunClaim for NoClaim {}
 
