@@ -364,6 +364,13 @@ fn decisions(t: &Targets) -> Vec<(&'static str, Vec<(&'static str, String)>)> {
             ],
         ),
         (
+            "answer_correction_send",
+            vec![
+                ("id", t.correction_send.clone()),
+                ("went_out", "yes".into()),
+            ],
+        ),
+        (
             "dismiss_correction",
             vec![
                 ("id", t.correction_dismiss.clone()),
@@ -765,10 +772,19 @@ async fn the_matrix(db: common::TestDb) {
             "unwind_run",
             decide("unwind_run", form_of("unwind_run")).await,
         );
-        allowed(
+        // The correction's email is handed over and the line drops: SMTP
+        // has no lookup, so only a person can say it went out.
+        sims.smtp.drop_after_data(1);
+        let location = allowed(
             "send_correction",
             decide("send_correction", form_of("send_correction")).await,
         );
+        assert!(location.contains("UNKNOWN"), "{location}");
+        let location = allowed(
+            "answer_correction_send",
+            decide("answer_correction_send", form_of("answer_correction_send")).await,
+        );
+        assert!(!location.contains("error="), "{location}");
         allowed(
             "dismiss_correction",
             decide("dismiss_correction", form_of("dismiss_correction")).await,
@@ -777,6 +793,9 @@ async fn the_matrix(db: common::TestDb) {
         assert_eq!(after["pivot"], "COMPLETED", "{after}");
         assert_eq!(after["held"][0]["status"], "CONFIRMED", "{after}");
         assert_eq!(after["unwind"], "UNWOUND", "{after}");
+        // Both corrections left the inbox: one sent (by a person's word),
+        // one dismissed.
+        assert_eq!(after["corrections"], json!([]), "{after}");
         // The held email and one correction went out; nothing else did.
         mailbox_before += 2;
         assert_eq!(

@@ -532,6 +532,7 @@ const SERVER_FUNCTIONS: &[(&str, &[&str])] = &[
     ("answer_compensation", &["run", "step", "undone"]),
     ("unwind_run", &["run", "reason"]),
     ("send_correction", &["id", "message"]),
+    ("answer_correction_send", &["id", "went_out"]),
     ("dismiss_correction", &["id", "reason"]),
     ("runs", &["status", "page"]),
     ("run_detail", &["id"]),

@@ -16,6 +16,8 @@ const FIGURES: &[&str] = &[
     "floor.pair.c1.p99_ms",
     "floor.pair.c8.per_s",
     "floor.pair.c64.per_s",
+    "floor.relaxed_commit.c1.p50_ms",
+    "floor.relaxed_commit.c8.per_s",
     "engine.lookup.c1.p50_ms",
     "engine.lookup.c1.p99_ms",
     "engine.lookup.c8.per_s",

@@ -1058,6 +1058,54 @@ async fn users_and_tokens(store: Store) {
 }
 
 /// The contract tests take the store as it is.
+/// What a call reads first: the run and only its unsettled steps, in
+/// order, or no run at all.
+async fn a_claimed_run_comes_with_its_unsettled_steps(store: Store) {
+    let actor = agent();
+    let run = new_run(&store, None).await;
+    for (idx, status) in [
+        (0, StepStatus::Intended),
+        (1, StepStatus::Intended),
+        (2, StepStatus::AwaitingApproval),
+    ] {
+        store
+            .record_step(
+                step(&run, idx, "jira.create", ToolClass::Compensatable, status),
+                &actor,
+            )
+            .await
+            .unwrap();
+    }
+    store
+        .settle_step(
+            run.id,
+            0,
+            Outcome::moving(StepStatus::Intended, StepStatus::Confirmed),
+            Durability::Lazy,
+            &actor,
+        )
+        .await
+        .unwrap();
+    let claimed = store.claim_and_read(run.id).await.unwrap();
+    assert_eq!(claimed.run.as_ref().unwrap().next_step, 3);
+    let unsettled: Vec<_> = claimed
+        .unsettled
+        .iter()
+        .map(|s| (s.step_idx, s.status))
+        .collect();
+    assert_eq!(
+        unsettled,
+        [(1, StepStatus::Intended), (2, StepStatus::AwaitingApproval)]
+    );
+    assert_eq!(
+        claimed.unsettled,
+        store.unsettled_steps(run.id).await.unwrap()
+    );
+    drop(claimed);
+    let missing = store.claim_and_read(uuid::Uuid::new_v4()).await.unwrap();
+    assert!(missing.run.is_none() && missing.unsettled.is_empty());
+}
+
 fn contract_store(store: Store) -> Store {
     store
 }
@@ -1079,6 +1127,7 @@ common::on_both_backends!(
     r10_corrections_are_ranked_gated_and_sent_once,
     every_change_is_in_the_audit_trail,
     users_and_tokens,
+    a_claimed_run_comes_with_its_unsettled_steps,
 );
 
 #[tokio::test]
@@ -1161,7 +1210,9 @@ async fn postgres_run_claims_are_exclusive_and_never_left_behind() {
     let wait = std::time::Duration::from_millis(300);
     let held = a.claim_run(run.id).await.unwrap();
     assert!(
-        tokio::time::timeout(wait, b.claim_run(run.id)).await.is_err(),
+        tokio::time::timeout(wait, b.claim_run(run.id))
+            .await
+            .is_err(),
         "a second instance claimed a run that was held"
     );
     // Another run is not blocked by this one.
@@ -1176,19 +1227,53 @@ async fn postgres_run_claims_are_exclusive_and_never_left_behind() {
         .expect("a dropped claim was not released")
         .unwrap();
     drop(again);
+    // A claim that waited reads what the previous holder wrote while it
+    // waited: its reads come after the lock, not from before the wait.
+    let held = a.claim_run(run.id).await.unwrap();
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        let id = run.id;
+        async move { b.claim_and_read(id).await }
+    });
+    tokio::time::sleep(wait).await;
+    let actor = agent();
+    a.record_step(
+        step(
+            &run,
+            0,
+            "jira.create",
+            ToolClass::Compensatable,
+            StepStatus::Intended,
+        ),
+        &actor,
+    )
+    .await
+    .unwrap();
+    drop(held);
+    let claimed = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting claim never got the run")
+        .unwrap()
+        .unwrap();
+    assert_eq!(claimed.run.as_ref().unwrap().next_step, 1);
+    assert_eq!(claimed.unsettled.len(), 1);
+    assert_eq!(claimed.unsettled[0].status, StepStatus::Intended);
+    drop(claimed);
     // Give up while waiting, several times over: each abandoned wait must
     // not end up holding the run.
     let held = a.claim_run(run.id).await.unwrap();
     for _ in 0..3 {
-        let gave_up = tokio::time::timeout(std::time::Duration::from_millis(50), b.claim_run(run.id));
+        let gave_up =
+            tokio::time::timeout(std::time::Duration::from_millis(50), b.claim_run(run.id));
         assert!(gave_up.await.is_err());
     }
     drop(held);
     for store in [&a, &b] {
-        let claim = tokio::time::timeout(std::time::Duration::from_secs(5), store.claim_run(run.id))
-            .await
-            .expect("an abandoned wait left the run claimed")
-            .unwrap();
+        let claim =
+            tokio::time::timeout(std::time::Duration::from_secs(5), store.claim_run(run.id))
+                .await
+                .expect("an abandoned wait left the run claimed")
+                .unwrap();
         drop(claim);
     }
 }

@@ -231,6 +231,56 @@ test('the inbox shows a new correction without a reload', async ({ page, request
   expect(problems).toEqual([]);
 });
 
+test('HTML and script in tool arguments show as text and never run', async ({ page, request }) => {
+  const problems = watchForErrors(page);
+  const script = '<script>window.__pwned = 1</script>';
+  const image = '<img src=x onerror="window.__pwned = 2">';
+  const svg = '"><svg onload="window.__pwned = 3">';
+  const run = await newRun(request, `hostile ${script}${image}`);
+  await act(request, run, 0, 'create_email_draft', { to: 'grace@example.com', subject: script, body: `${image} ${svg}` });
+  await signIn(page, 'lead');
+  for (const path of [`/runs/${run}`, '/', '/audit?all=1']) {
+    await page.goto(path);
+    await page.waitForLoadState('load');
+    // The text is on the page, as text.
+    await expect(page.getByText(script, { exact: false }).first()).toBeVisible();
+    // Nothing of it became an element, and nothing of it ran.
+    await expect(page.locator('main script, main img[src="x"], main svg[onload]')).toHaveCount(0);
+    expect(await page.evaluate(() => (window as any).__pwned), path).toBeUndefined();
+  }
+  await page.goto(`/runs/${run}`);
+  await expect(page.locator('pre.args').first()).toContainText(script);
+  await expect(page.locator('pre.args').first()).toContainText('<img src=x onerror=');
+  expect(problems).toEqual([]);
+});
+
+test('a correction whose send was cut off waits for a person, who says it went out', async ({ page, request }) => {
+  const problems = watchForErrors(page);
+  const run = await stageCorrection(request, 'cut-off correction');
+  await signIn(page, 'lead');
+  await page.goto('/corrections');
+  const card = page.locator('li.correction').filter({ has: page.locator(`a[href="/runs/${run}"]`) });
+  await expect(card).toBeVisible();
+  const key = await card.locator('code').innerText();
+  // The mail server takes the message, then drops the line before its reply.
+  const fault = await request.post(`${SIM.mailbox}/_sim/faults`, { data: { drop_after_data: 1 } });
+  expect(fault.status()).toBe(204);
+  await card.getByRole('button', { name: 'Send', exact: true }).click();
+  await expect(page.getByRole('status')).toContainText('its send is UNKNOWN');
+  await expect(card.getByText('Did this correction reach its recipients?')).toBeVisible();
+  // SMTP has no lookup; asking again cannot settle it.
+  await card.getByRole('button', { name: 'Ask the system again' }).click();
+  await expect(card.getByText('Did this correction reach its recipients?')).toBeVisible();
+  // The recipient did get it: the person checks and says so.
+  expect((await ledger(request, SIM.mailbox)).filter((e) => e.key === key)).toHaveLength(1);
+  await card.getByRole('button', { name: 'It went out' }).click();
+  await expect(page.getByRole('status')).toContainText('went out');
+  await expect(card).toHaveCount(0);
+  // Nothing was sent a second time.
+  expect((await ledger(request, SIM.mailbox)).filter((e) => e.key === key)).toHaveLength(1);
+  expect(problems).toEqual([]);
+});
+
 test.describe('without JavaScript', () => {
   test.use({ javaScriptEnabled: false });
 

@@ -4,6 +4,11 @@
 //! its status, commit), at the store's durability settings: SQLite in WAL
 //! with `synchronous = FULL` through one writer connection (as the store
 //! writes), PostgreSQL with its default `fsync` and `synchronous_commit`.
+//!
+//! Beside them, the same single commit with durability relaxed (SQLite
+//! `synchronous = NORMAL`, PostgreSQL `synchronous_commit = off`): safe
+//! against a process crash but not against power loss. The difference is
+//! what keeping R2 true across power loss costs.
 
 use super::stats::{percentile, Better, Figures};
 use super::{Sizes, Target};
@@ -32,6 +37,27 @@ enum Db {
     /// Connected per measurement, one connection per writer, and closed
     /// after it, so the floor holds no connections while the rest runs.
     Postgres(String),
+}
+
+/// What one measured operation writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// One durable commit.
+    Commit,
+    /// Insert then update, two durable commits.
+    Pair,
+    /// One commit with durability relaxed (crash-safe, not power-safe).
+    RelaxedCommit,
+}
+
+impl Shape {
+    fn name(self) -> &'static str {
+        match self {
+            Shape::Commit => "commit",
+            Shape::Pair => "pair",
+            Shape::RelaxedCommit => "relaxed_commit",
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -85,12 +111,16 @@ impl Floor {
         sizes: &Sizes,
         figures: &mut Figures,
     ) -> anyhow::Result<()> {
-        for pair in [false, true] {
-            let what = if pair { "pair" } else { "commit" };
-            for writers in [1usize, 8, 64] {
+        let shapes = [
+            (Shape::Commit, &[1usize, 8, 64][..]),
+            (Shape::Pair, &[1, 8, 64][..]),
+            (Shape::RelaxedCommit, &[1, 8][..]),
+        ];
+        for (shape, concurrency) in shapes {
+            for &writers in concurrency {
                 let total = sizes.ops(writers);
-                let (latencies, per_s) = self.measure(pair, writers, total).await?;
-                let key = format!("{prefix}.floor.{what}.c{writers}");
+                let (latencies, per_s) = self.measure(shape, writers, total).await?;
+                let key = format!("{prefix}.floor.{}.c{writers}", shape.name());
                 if writers == 1 {
                     figures.record(
                         &format!("{key}.p50_ms"),
@@ -115,7 +145,7 @@ impl Floor {
     /// operation's latency (ms), and operations per second overall.
     async fn measure(
         &self,
-        pair: bool,
+        shape: Shape,
         writers: usize,
         total: usize,
     ) -> anyhow::Result<(Vec<f64>, f64)> {
@@ -129,11 +159,21 @@ impl Floor {
                     .connect(url)
                     .await?;
                 // Every writer's connection is open before the clock starts.
-                let warm = try_join_all((0..writers).map(|_| pool.acquire())).await?;
+                let mut warm = try_join_all((0..writers).map(|_| pool.acquire())).await?;
+                if shape == Shape::RelaxedCommit {
+                    for conn in &mut warm {
+                        sqlx::query("SET synchronous_commit = off")
+                            .execute(&mut **conn)
+                            .await?;
+                    }
+                }
                 drop(warm);
                 Pool::Postgres(pool)
             }
         };
+        if let Pool::Sqlite(pool) = &pool {
+            set_sqlite_synchronous(pool, shape).await?;
+        }
         let started = Instant::now();
         let tasks = (0..writers).map(|_| {
             let floor = self.clone();
@@ -142,7 +182,7 @@ impl Floor {
                 let mut latencies = Vec::with_capacity(each);
                 for _ in 0..each {
                     let at = Instant::now();
-                    floor.one(&pool, pair).await?;
+                    floor.one(&pool, shape == Shape::Pair).await?;
                     latencies.push(at.elapsed().as_secs_f64() * 1e3);
                 }
                 anyhow::Ok(latencies)
@@ -153,8 +193,9 @@ impl Floor {
             latencies.extend(done?);
         }
         let per_s = latencies.len() as f64 / started.elapsed().as_secs_f64();
-        if let Pool::Postgres(pool) = pool {
-            pool.close().await;
+        match pool {
+            Pool::Postgres(pool) => pool.close().await,
+            Pool::Sqlite(pool) => set_sqlite_synchronous(&pool, Shape::Commit).await?,
         }
         Ok((latencies, per_s))
     }
@@ -216,4 +257,15 @@ impl Floor {
             pool.close().await;
         }
     }
+}
+
+/// The one writer connection's `synchronous` setting for `shape`.
+async fn set_sqlite_synchronous(pool: &SqlitePool, shape: Shape) -> anyhow::Result<()> {
+    let pragma = if shape == Shape::RelaxedCommit {
+        "PRAGMA synchronous = NORMAL"
+    } else {
+        "PRAGMA synchronous = FULL"
+    };
+    sqlx::query(pragma).execute(pool).await?;
+    Ok(())
 }

@@ -374,6 +374,17 @@ fn verdicts(figures: &Figures) -> Vec<Verdict> {
             Some(50.0),
             None,
         );
+        // Context, not a target: what durability across power loss costs
+        // per commit (store settings against crash-only settings).
+        judge(
+            format!("{prefix}: durable commit p50 / relaxed commit p50 (context)"),
+            figures.ratio(
+                &f("floor.commit.c1.p50_ms"),
+                &f("floor.relaxed_commit.c1.p50_ms"),
+            ),
+            None,
+            None,
+        );
         // Context, not a target: how far above the disk's floor a step is.
         judge(
             format!("{prefix}: engine p50 per step / two-commit floor p50 (context)"),

@@ -173,6 +173,21 @@ impl Engine {
         })
     }
 
+    /// `serialise`, and the run with its unsettled steps, read under the
+    /// claim (one round trip on PostgreSQL).
+    async fn serialise_and_read(
+        &self,
+        run_id: Uuid,
+    ) -> Result<(RunGuard, Option<Run>, Vec<Step>), Refusal> {
+        let local = self.run_lock(run_id).lock_owned().await;
+        let claimed = self.store.claim_and_read(run_id).await?;
+        let guard = RunGuard {
+            _claim: claimed.claim,
+            _local: local,
+        };
+        Ok((guard, claimed.run, claimed.unsettled))
+    }
+
     fn run_lock(&self, run_id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
         // A poisoned map only means another call panicked; the map is still
         // a valid set of locks.
@@ -195,11 +210,8 @@ impl Engine {
         args: Value,
         step: Option<i64>,
     ) -> Result<CallOutcome, Refusal> {
-        let _serialised = self.serialise(run_id).await?;
-        let run = self
-            .store
-            .run(run_id)
-            .await?
+        let (_serialised, run, unsettled) = self.serialise_and_read(run_id).await?;
+        let run = run
             .filter(|r| r.agent == agent)
             .ok_or(Refusal::RunNotFound)?;
         let spec = self.spec(tool)?;
@@ -252,7 +264,7 @@ impl Engine {
             RunStatus::Committing | RunStatus::Completed => return Err(Refusal::RunPastPivot),
             status => return Err(Refusal::RunClosed { status }),
         }
-        self.ensure_earlier_steps_settled(run_id).await?;
+        self.settle_earlier_steps(unsettled).await?;
         if spec.gated {
             return Err(Refusal::GatedTool(tool.to_owned()));
         }
@@ -404,7 +416,14 @@ impl Engine {
     /// Refuses a new step while an earlier one is unsettled, after trying
     /// to settle it here.
     pub(crate) async fn ensure_earlier_steps_settled(&self, run_id: Uuid) -> Result<(), Refusal> {
-        for step in self.store.unsettled_steps(run_id).await? {
+        let unsettled = self.store.unsettled_steps(run_id).await?;
+        self.settle_earlier_steps(unsettled).await
+    }
+
+    /// As `ensure_earlier_steps_settled`, for unsettled steps already read
+    /// under the run's claim.
+    async fn settle_earlier_steps(&self, unsettled: Vec<Step>) -> Result<(), Refusal> {
+        for step in unsettled {
             if step.status.is_settled() {
                 continue;
             }

@@ -59,6 +59,14 @@ pub enum Backend {
 /// database, until dropped.
 pub trait RunClaim: Send + Sync {}
 
+/// A run claimed, and what a call reads first, read under the claim.
+pub struct ClaimedRun {
+    pub claim: Box<dyn RunClaim>,
+    pub run: Option<Run>,
+    /// The run's unsettled steps, in step order (see `unsettled_steps`).
+    pub unsettled: Vec<Step>,
+}
+
 /// A page of the runs list and how many runs match in all.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunsPage {
@@ -75,6 +83,9 @@ pub trait SagaStore: Send + Sync + 'static {
     /// the claim is dropped. (A SQLite file has one process by design, so
     /// there the claim is free.)
     async fn claim_run(&self, run_id: Uuid) -> StoreResult<Box<dyn RunClaim>>;
+    /// `claim_run`, then the run and its unsettled steps read under the
+    /// claim: on PostgreSQL all three in one round trip.
+    async fn claim_and_read(&self, run_id: Uuid) -> StoreResult<ClaimedRun>;
 
     // --- runs -------------------------------------------------------------
 

@@ -78,7 +78,7 @@ impl Simulators {
             }
         };
         let smtp = smtp::start(at(4)).await.map_err(bind("SMTP", at(4)))?;
-        let mailbox = serve(mailbox(smtp.ledger()), at(7))
+        let mailbox = serve(mailbox(smtp.ledger(), smtp.shared_faults()), at(7))
             .await
             .map_err(bind("mailbox", at(7)))?;
         Ok(Simulators {
@@ -156,15 +156,31 @@ impl Simulators {
 }
 
 /// The SMTP sink's ledger, read over HTTP.
-fn mailbox(ledger: Ledger) -> Router {
-    use axum::routing::get;
-    Router::new().route(
-        "/_sim/ledger",
-        get(move || {
-            let ledger = ledger.clone();
-            async move { axum::Json(ledger.effects()) }
-        }),
-    )
+fn mailbox(ledger: Ledger, faults: std::sync::Arc<std::sync::Mutex<smtp::SinkFaults>>) -> Router {
+    use axum::routing::{get, post};
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct SmtpFaults {
+        drop_after_data: u32,
+    }
+    Router::new()
+        .route(
+            "/_sim/ledger",
+            get(move || {
+                let ledger = ledger.clone();
+                async move { axum::Json(ledger.effects()) }
+            }),
+        )
+        .route(
+            "/_sim/faults",
+            post(move |axum::Json(set): axum::Json<SmtpFaults>| {
+                let faults = faults.clone();
+                async move {
+                    smtp::SmtpSink::set_drop_after_data(&faults, set.drop_after_data);
+                    axum::http::StatusCode::NO_CONTENT
+                }
+            }),
+        )
 }
 
 /// Sets the simulated credentials for any the environment lacks, so the

@@ -35,7 +35,7 @@ pub struct SmtpSink {
 }
 
 #[derive(Default, Clone)]
-struct SinkFaults {
+pub(crate) struct SinkFaults {
     rejected: BTreeSet<String>,
     transient_rcpt: u32,
     drop_after_data: u32,
@@ -83,6 +83,18 @@ impl SmtpSink {
 
     pub fn clear_faults(&self) {
         *self.faults() = SinkFaults::default();
+    }
+
+    /// The fault switches, shared: the mailbox serves them over HTTP so
+    /// tests in another process (the browser tests) can set them.
+    pub(crate) fn shared_faults(&self) -> Arc<Mutex<SinkFaults>> {
+        self.faults.clone()
+    }
+
+    /// Over HTTP: `{"drop_after_data": n}` drops the line after the next
+    /// `n` messages' data, as [`SmtpSink::drop_after_data`] does.
+    pub(crate) fn set_drop_after_data(faults: &Mutex<SinkFaults>, times: u32) {
+        faults.lock().expect("smtp faults lock").drop_after_data = times;
     }
 
     fn faults(&self) -> std::sync::MutexGuard<'_, SinkFaults> {

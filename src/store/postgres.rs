@@ -157,6 +157,56 @@ impl PostgresStore {
         Ok(Box::new(claim))
     }
 
+    /// The claim, the run and its unsettled steps in one round trip: three
+    /// statements sent as one simple query. Each statement takes its own
+    /// snapshot after the one before it finished, so the reads see every
+    /// commit made by the claim's previous holder. (A single statement that
+    /// locked and read would read from a snapshot taken before the wait.)
+    /// The run id is the only value in the text, as a UUID's hex digits.
+    async fn claim_and_read_here(
+        &self,
+        run_id: uuid::Uuid,
+    ) -> StoreResult<crate::saga::store::ClaimedRun> {
+        use futures::TryStreamExt as _;
+        let slot = self
+            .claims
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| StoreError::Database("the store is closing".into()))?;
+        let conn = self.pool.acquire().await.map_err(db)?;
+        let mut claim = AdvisoryClaim {
+            conn: Some(conn),
+            run_id,
+            locked: false,
+            slot: Some(slot),
+        };
+        let id = run_id.hyphenated().to_string();
+        let batch = format!(
+            "SELECT pg_advisory_lock(hashtext('saga-run'), hashtext('{id}'));
+             SELECT * FROM runs WHERE id = '{id}';
+             SELECT * FROM saga_log WHERE run_id = '{id}' AND status IN {} ORDER BY step_idx",
+            crate::store::sql::unsettled_sql!()
+        );
+        let (mut run, mut unsettled) = (None, Vec::new());
+        if let Some(conn) = claim.conn.as_mut() {
+            let mut rows = sqlx::raw_sql(&batch).fetch(&mut **conn);
+            while let Some(row) = rows.try_next().await.map_err(db)? {
+                if row.try_column("step_idx").is_ok() {
+                    unsettled.push(step_from(&row)?);
+                } else if row.try_column("next_step").is_ok() {
+                    run = Some(run_from(&row)?);
+                }
+            }
+        }
+        claim.locked = true;
+        Ok(crate::saga::store::ClaimedRun {
+            claim: Box::new(claim),
+            run,
+            unsettled,
+        })
+    }
+
     /// The intent row in one statement (one round trip, one commit): the
     /// guarded counter update, the row and its audit line. When the run's
     /// counter does not match nothing is written, and a second query says

@@ -655,6 +655,10 @@ macro_rules! saga_store_sql {
                 self.claim(run_id).await
             }
 
+            async fn claim_and_read(&self, run_id: Uuid) -> StoreResult<$crate::saga::store::ClaimedRun> {
+                self.claim_and_read_here(run_id).await
+            }
+
             async fn create_run(&self, new: NewRun) -> StoreResult<(Run, bool)> {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;

@@ -146,6 +146,17 @@ impl SqliteStore {
     ) -> StoreResult<Box<dyn crate::saga::store::RunClaim>> {
         Ok(Box::new(NoClaim))
     }
+
+    async fn claim_and_read_here(
+        &self,
+        run_id: uuid::Uuid,
+    ) -> StoreResult<crate::saga::store::ClaimedRun> {
+        Ok(crate::saga::store::ClaimedRun {
+            claim: self.claim(run_id).await?,
+            run: self.run(run_id).await?,
+            unsettled: self.unsettled_steps(run_id).await?,
+        })
+    }
 }
 
 fn lock_path(db: &Path) -> PathBuf {

@@ -113,6 +113,11 @@ fn correction_card(item: InboxItem, may: bool) -> impl IntoView {
                         <button type="submit" class="reject">"Dismiss"</button>
                     </ActionForm>
                 }.into_any()
+            } else if may && item.send_status.as_deref() == Some("UNKNOWN") {
+                view! {
+                    <blockquote>{item.message.clone()}</blockquote>
+                    <UnknownSendQuestion id=item.id message=item.message.clone()/>
+                }.into_any()
             } else if may {
                 view! {
                     <blockquote>{item.message.clone()}</blockquote>
@@ -127,6 +132,41 @@ fn correction_card(item: InboxItem, may: bool) -> impl IntoView {
             }}
             <p class="muted">"Key " <code>{item.key.clone()}</code></p>
         </li>
+    }
+}
+
+/// A signed-off correction whose send is UNKNOWN: the connection dropped
+/// after the message left, and the channel may have no lookup (SMTP). A
+/// person who can check (the recipient's mailbox, the provider's log) says
+/// whether it went out; "no" lets it be sent again under the same key.
+#[component]
+fn UnknownSendQuestion(id: i64, message: String) -> impl IntoView {
+    let answer = ServerAction::<AnswerCorrectionSend>::new();
+    let check = ServerAction::<SendCorrection>::new();
+    view! {
+        <div class="question" role="group" aria-label="Did this correction go out?">
+            <p>
+                <strong>"Did this correction reach its recipients?"</strong>
+                " The send was cut off after the message left, so the harness cannot tell. Check with the recipient or the provider, then answer."
+            </p>
+            <div class="decide">
+                <ActionForm action=answer attr:class="inline-form">
+                    <input type="hidden" name="id" value=id/>
+                    <input type="hidden" name="went_out" value="yes"/>
+                    <button type="submit">"It went out"</button>
+                </ActionForm>
+                <ActionForm action=answer attr:class="inline-form">
+                    <input type="hidden" name="id" value=id/>
+                    <input type="hidden" name="went_out" value="no"/>
+                    <button type="submit">"It did not go out"</button>
+                </ActionForm>
+                <ActionForm action=check attr:class="inline-form">
+                    <input type="hidden" name="id" value=id/>
+                    <input type="hidden" name="message" value=message/>
+                    <button type="submit">"Ask the system again"</button>
+                </ActionForm>
+            </div>
+        </div>
     }
 }
 
@@ -252,6 +292,25 @@ pub async fn dismiss_correction(id: i64, reason: String) -> Result<(), ServerFnE
     super::ssr::back_to(
         "/corrections",
         done.map(|_| format!("Correction #{id} dismissed: {}", reason.trim())),
+    );
+    Ok(())
+}
+
+#[server(endpoint = "answer_correction_send")]
+pub async fn answer_correction_send(id: i64, went_out: String) -> Result<(), ServerFnError> {
+    let person = super::ssr::deciding_person().await?;
+    let state = super::ssr::app_state()?;
+    let yes = super::ssr::choice("went_out", &went_out, "yes", "no")?;
+    let done = state.engine.answer_correction(id, yes, &person).await;
+    super::ssr::back_to(
+        "/corrections",
+        done.map(|_| {
+            if yes {
+                format!("Recorded: correction #{id} went out.")
+            } else {
+                format!("Recorded: correction #{id} did not go out. Send it again when ready; it keeps its key.")
+            }
+        }),
     );
     Ok(())
 }

@@ -65,6 +65,12 @@ impl SagaStore for CrashingStore {
     ) -> StoreResult<Box<dyn saga_harness::saga::store::RunClaim>> {
         self.inner.claim_run(run_id).await
     }
+    async fn claim_and_read(
+        &self,
+        run_id: Uuid,
+    ) -> StoreResult<saga_harness::saga::store::ClaimedRun> {
+        self.inner.claim_and_read(run_id).await
+    }
     async fn create_run(&self, new: NewRun) -> StoreResult<(Run, bool)> {
         self.inner.create_run(new).await
     }
