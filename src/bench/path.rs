@@ -99,6 +99,9 @@ pub fn registry() -> anyhow::Result<Arc<Registry>> {
 pub struct EnginePath {
     engine: Arc<Engine>,
     store: Arc<dyn SagaStore>,
+    /// Rounds so far: the two tools take turns going first, so neither
+    /// always pays for what ran just before it.
+    rounds: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl EnginePath {
@@ -108,7 +111,11 @@ impl EnginePath {
             registry()?,
             Arc::new(NoopConnector),
         ));
-        Ok(EnginePath { engine, store })
+        Ok(EnginePath {
+            engine,
+            store,
+            rounds: Arc::default(),
+        })
     }
 
     async fn new_run(&self) -> anyhow::Result<Uuid> {
@@ -153,7 +160,11 @@ impl EnginePath {
         sizes: &Sizes,
         figures: &mut Figures,
     ) -> anyhow::Result<()> {
-        for (tool, name) in [("noop_looked_up", "lookup"), ("noop_blind", "no_lookup")] {
+        let mut tools = [("noop_looked_up", "lookup"), ("noop_blind", "no_lookup")];
+        if self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2 == 1 {
+            tools.reverse();
+        }
+        for (tool, name) in tools {
             let key = format!("{prefix}.engine.{name}");
             let run = self.new_run().await?;
             let started = Instant::now();
