@@ -161,7 +161,12 @@ impl EnginePath {
         figures: &mut Figures,
     ) -> anyhow::Result<()> {
         let mut tools = [("noop_looked_up", "lookup"), ("noop_blind", "no_lookup")];
-        if self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2 == 1 {
+        if self
+            .rounds
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % 2
+            == 1
+        {
             tools.reverse();
         }
         for (tool, name) in tools {
