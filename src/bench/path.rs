@@ -99,9 +99,6 @@ pub fn registry() -> anyhow::Result<Arc<Registry>> {
 pub struct EnginePath {
     engine: Arc<Engine>,
     store: Arc<dyn SagaStore>,
-    /// Rounds so far: the two tools take turns going first, so neither
-    /// always pays for what ran just before it.
-    rounds: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl EnginePath {
@@ -111,11 +108,7 @@ impl EnginePath {
             registry()?,
             Arc::new(NoopConnector),
         ));
-        Ok(EnginePath {
-            engine,
-            store,
-            rounds: Arc::default(),
-        })
+        Ok(EnginePath { engine, store })
     }
 
     async fn new_run(&self) -> anyhow::Result<Uuid> {
@@ -154,21 +147,37 @@ impl EnginePath {
         Ok(latencies)
     }
 
+    /// One step of each tool on a new run, untimed.
+    async fn warm_up(&self) -> anyhow::Result<()> {
+        let run = self.new_run().await?;
+        for (i, tool) in ["noop_looked_up", "noop_blind"].into_iter().enumerate() {
+            self.engine
+                .call(AGENT, run, tool, json!({ "warm": i }), Some(i as i64))
+                .await
+                .map_err(|e| anyhow::anyhow!("warm-up step {i}: {e}"))?;
+        }
+        Ok(())
+    }
+
     pub async fn round(
         &self,
         prefix: &str,
         sizes: &Sizes,
         figures: &mut Figures,
     ) -> anyhow::Result<()> {
-        let mut tools = [("noop_looked_up", "lookup"), ("noop_blind", "no_lookup")];
-        if self
-            .rounds
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            % 2
-            == 1
-        {
-            tools.reverse();
-        }
+        // The store is opened afresh for each round: its pool starts empty,
+        // and on PostgreSQL opening a connection (authentication included)
+        // takes milliseconds. Untimed steps of both tools on as many runs at
+        // once as the widest measurement open the connections and prepare
+        // the statements first, so the tool measured first does not pay.
+        try_join_all((0..64).map(|_| {
+            let path = self.clone();
+            tokio::spawn(async move { path.warm_up().await })
+        }))
+        .await?
+        .into_iter()
+        .collect::<anyhow::Result<()>>()?;
+        let tools = [("noop_looked_up", "lookup"), ("noop_blind", "no_lookup")];
         for (tool, name) in tools {
             let key = format!("{prefix}.engine.{name}");
             let run = self.new_run().await?;
