@@ -1106,6 +1106,63 @@ async fn a_claimed_run_comes_with_its_unsettled_steps(store: Store) {
     assert!(missing.run.is_none() && missing.unsettled.is_empty());
 }
 
+/// The stale-step sweep's query: INTENDED and UNKNOWN steps old enough, in
+/// runs of the given statuses, in run and step order; nothing else.
+async fn stale_steps_are_the_old_unsettled_ones_of_live_runs(store: Store) {
+    let actor = agent();
+    let live = [RunStatus::Running, RunStatus::Unwinding];
+    let mut runs = vec![new_run(&store, None).await, new_run(&store, None).await];
+    runs.sort_by_key(|r| r.id.to_string());
+    for run in &runs {
+        for idx in 0..4 {
+            store
+                .record_step(
+                    step(
+                        run,
+                        idx,
+                        "jira.create",
+                        ToolClass::Compensatable,
+                        StepStatus::Intended,
+                    ),
+                    &actor,
+                )
+                .await
+                .unwrap();
+        }
+        // 0 stays INTENDED, 1 becomes UNKNOWN, 2 CONFIRMED, 3 FAILED.
+        for (idx, to) in [
+            (1, StepStatus::Unknown),
+            (2, StepStatus::Confirmed),
+            (3, StepStatus::Failed),
+        ] {
+            store
+                .settle_step(
+                    run.id,
+                    idx,
+                    Outcome::moving(StepStatus::Intended, to),
+                    Durability::Durable,
+                    &actor,
+                )
+                .await
+                .unwrap();
+        }
+    }
+    let later = chrono::Utc::now() + chrono::Duration::seconds(1);
+    let stale = store.stale_steps(later, &live).await.unwrap();
+    let expected: Vec<(Uuid, i64)> = runs.iter().flat_map(|r| [(r.id, 0), (r.id, 1)]).collect();
+    assert_eq!(stale, expected);
+    // Too recent: nothing.
+    let earlier = chrono::Utc::now() - chrono::Duration::seconds(60);
+    assert!(store.stale_steps(earlier, &live).await.unwrap().is_empty());
+    // A run in another status is not swept.
+    assert!(store
+        .stale_steps(later, &[RunStatus::Committing])
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store.stale_steps(later, &[]).await.unwrap().is_empty());
+}
+
 fn contract_store(store: Store) -> Store {
     store
 }
@@ -1128,6 +1185,7 @@ common::on_both_backends!(
     every_change_is_in_the_audit_trail,
     users_and_tokens,
     a_claimed_run_comes_with_its_unsettled_steps,
+    stale_steps_are_the_old_unsettled_ones_of_live_runs,
 );
 
 #[tokio::test]

@@ -50,27 +50,21 @@ impl Engine {
             RunStatus::Committing,
             RunStatus::Unwinding,
         ];
-        let mut settled = 0;
-        for run in self.store().runs_with_status(&live).await? {
-            let stale: Vec<i64> = self
-                .store()
-                .steps(run.id)
-                .await?
-                .into_iter()
-                .filter(|s| {
-                    matches!(s.status, StepStatus::Unknown | StepStatus::Intended)
-                        && now - s.updated_at >= min_age
-                })
-                .map(|s| s.step_idx)
-                .collect();
-            if stale.is_empty() {
-                continue;
+        // In run order, so each run is claimed once for all its stale steps.
+        let mut by_run: Vec<(uuid::Uuid, Vec<i64>)> = Vec::new();
+        for (run_id, idx) in self.store().stale_steps(now - min_age, &live).await? {
+            match by_run.last_mut() {
+                Some((last, steps)) if *last == run_id => steps.push(idx),
+                _ => by_run.push((run_id, vec![idx])),
             }
-            let _serialised = self.serialise(run.id).await?;
-            for idx in stale {
+        }
+        let mut settled = 0;
+        for (run_id, steps) in by_run {
+            let _serialised = self.serialise(run_id).await?;
+            for idx in steps {
                 // Read again under the claim: the call in flight, or another
                 // instance, may have settled it meanwhile.
-                let Some(step) = self.store().step(run.id, idx).await? else {
+                let Some(step) = self.store().step(run_id, idx).await? else {
                     continue;
                 };
                 if self.reconcile(step).await?.status.is_settled() {

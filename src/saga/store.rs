@@ -147,6 +147,15 @@ pub trait SagaStore: Send + Sync + 'static {
     /// Its cost follows the unsettled steps, not the length of the run.
     async fn unsettled_steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>>;
     async fn step_by_key(&self, idempotency_key: &str) -> StoreResult<Option<Step>>;
+    /// (run, step index) of every INTENDED or UNKNOWN step not touched
+    /// since `before`, in a run that is in one of `statuses`, in run and step
+    /// order. One query over the unsettled-steps index: its cost follows the
+    /// unsettled steps, not the size of the log.
+    async fn stale_steps(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+        statuses: &[RunStatus],
+    ) -> StoreResult<Vec<(Uuid, i64)>>;
 
     // --- compensations ----------------------------------------------------
 

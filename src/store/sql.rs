@@ -775,6 +775,37 @@ macro_rules! saga_store_sql {
                 Ok(RunsPage { runs, total })
             }
 
+            async fn stale_steps(
+                &self,
+                before: chrono::DateTime<Utc>,
+                statuses: &[RunStatus],
+            ) -> StoreResult<Vec<(Uuid, i64)>> {
+                if statuses.is_empty() {
+                    return Ok(Vec::new());
+                }
+                // The status condition is the partial index saga_log_unsettled's.
+                let placeholders: Vec<String> =
+                    (2..statuses.len() + 2).map(|i| format!("${i}")).collect();
+                let sql = format!(
+                    "SELECT s.run_id, s.step_idx FROM saga_log s JOIN runs r ON r.id = s.run_id
+                     WHERE s.status IN ('INTENDED', 'UNKNOWN') AND s.updated_at <= $1
+                       AND r.status IN ({})
+                     ORDER BY s.run_id, s.step_idx",
+                    placeholders.join(", ")
+                );
+                let mut query = sqlx::query(&sql).bind(before);
+                for status in statuses {
+                    query = query.bind(status.as_str());
+                }
+                query
+                    .fetch_all(self.reader())
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(|row| Ok((parse_uuid("run_id", &text(row, "run_id")?)?, get(row, "step_idx")?)))
+                    .collect()
+            }
+
             async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>> {
                 if statuses.is_empty() {
                     return Ok(Vec::new());

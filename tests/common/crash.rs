@@ -65,6 +65,13 @@ impl SagaStore for CrashingStore {
     ) -> StoreResult<Box<dyn saga_harness::saga::store::RunClaim>> {
         self.inner.claim_run(run_id).await
     }
+    async fn stale_steps(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+        statuses: &[RunStatus],
+    ) -> StoreResult<Vec<(Uuid, i64)>> {
+        self.inner.stale_steps(before, statuses).await
+    }
     async fn claim_and_read(
         &self,
         run_id: Uuid,
