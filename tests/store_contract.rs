@@ -1203,20 +1203,19 @@ async fn sqlite_a_second_harness_on_the_same_file_is_refused() {
     assert!(message.contains("PostgreSQL"), "{message}");
 }
 
+/// Two harness instances' stores on one PostgreSQL database.
+async fn two_instances(url: &str) -> (Store, Store) {
+    let open = || async { saga_harness::store::open(url).await.unwrap().saga_store() };
+    (open().await, open().await)
+}
+
 #[tokio::test]
 async fn postgres_several_instances_share_one_database() {
     let Some(db) = common::postgres().await else {
         eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
         return;
     };
-    let a = saga_harness::store::open(&db.url)
-        .await
-        .unwrap()
-        .saga_store();
-    let b = saga_harness::store::open(&db.url)
-        .await
-        .unwrap()
-        .saga_store();
+    let (a, b) = two_instances(&db.url).await;
     let run = new_run(&a, Some("shared")).await;
     assert_eq!(new_run(&b, Some("shared")).await.id, run.id);
     // Both instances race for the same step index: exactly one wins.
@@ -1256,14 +1255,7 @@ async fn postgres_run_claims_are_exclusive_and_never_left_behind() {
         eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
         return;
     };
-    let a = saga_harness::store::open(&db.url)
-        .await
-        .unwrap()
-        .saga_store();
-    let b = saga_harness::store::open(&db.url)
-        .await
-        .unwrap()
-        .saga_store();
+    let (a, b) = two_instances(&db.url).await;
     let run = new_run(&a, Some("claimed")).await;
     let wait = std::time::Duration::from_millis(300);
     let held = a.claim_run(run.id).await.unwrap();

@@ -72,7 +72,7 @@ impl SmtpSink {
     /// For the next `times` messages: take the data, record the message,
     /// then close the connection without the final reply.
     pub fn drop_after_data(&self, times: u32) {
-        self.faults().drop_after_data = times;
+        Self::set_drop_after_data(&self.faults, times);
     }
 
     /// For the next `times` messages: record the message, then wait

@@ -129,10 +129,9 @@ impl Drop for AdvisoryClaim {
 }
 
 impl PostgresStore {
-    async fn claim(
-        &self,
-        run_id: uuid::Uuid,
-    ) -> StoreResult<Box<dyn crate::saga::store::RunClaim>> {
+    /// A claim slot and a connection, not yet locked: dropped before the
+    /// lock is confirmed, it closes the connection (see `AdvisoryClaim`).
+    async fn unlocked_claim(&self, run_id: uuid::Uuid) -> StoreResult<AdvisoryClaim> {
         let slot = self
             .claims
             .clone()
@@ -140,12 +139,19 @@ impl PostgresStore {
             .await
             .map_err(|_| StoreError::Database("the store is closing".into()))?;
         let conn = self.pool.acquire().await.map_err(db)?;
-        let mut claim = AdvisoryClaim {
+        Ok(AdvisoryClaim {
             conn: Some(conn),
             run_id,
             locked: false,
             slot: Some(slot),
-        };
+        })
+    }
+
+    async fn claim(
+        &self,
+        run_id: uuid::Uuid,
+    ) -> StoreResult<Box<dyn crate::saga::store::RunClaim>> {
+        let mut claim = self.unlocked_claim(run_id).await?;
         if let Some(conn) = claim.conn.as_mut() {
             sqlx::query(LOCK_RUN)
                 .bind(run_id.to_string())
@@ -168,19 +174,7 @@ impl PostgresStore {
         run_id: uuid::Uuid,
     ) -> StoreResult<crate::saga::store::ClaimedRun> {
         use futures::TryStreamExt as _;
-        let slot = self
-            .claims
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| StoreError::Database("the store is closing".into()))?;
-        let conn = self.pool.acquire().await.map_err(db)?;
-        let mut claim = AdvisoryClaim {
-            conn: Some(conn),
-            run_id,
-            locked: false,
-            slot: Some(slot),
-        };
+        let mut claim = self.unlocked_claim(run_id).await?;
         let id = run_id.hyphenated().to_string();
         let batch = format!(
             "SELECT pg_advisory_lock(hashtext('saga-run'), hashtext('{id}'));
