@@ -1,7 +1,8 @@
 //! PostgreSQL, for when one machine is not enough: several harness
-//! instances share one database. Per-run serialisation uses row locks
-//! (`SELECT … FOR UPDATE` on the run), and lazy outcome commits use
-//! `SET LOCAL synchronous_commit = off` (DESIGN.md §9).
+//! instances share one database. Work on a run holds a session-level
+//! advisory lock on it for the whole call (`AdvisoryClaim`); a run's status
+//! moves also lock its row (`SELECT … FOR UPDATE`). Lazy outcome commits
+//! turn `synchronous_commit` off for their own transaction (DESIGN.md §9).
 
 use crate::saga::model::Durability;
 use crate::store::sql::saga_store_sql;
