@@ -288,6 +288,28 @@ async fn r3_steps_take_the_next_index_in_order(store: Store) {
         2,
         "a refused step takes no index"
     );
+    // The refusal came half way through the write; the store is still
+    // writable, and the refused row left no audit line.
+    let third = store
+        .record_step(
+            step(
+                &run,
+                2,
+                "email.send",
+                ToolClass::Compensatable,
+                StepStatus::Intended,
+            ),
+            &agent(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(third.step_idx, 2);
+    let lines = store.events(Some(run.id), 100).await.unwrap();
+    assert_eq!(
+        lines.iter().filter(|e| e.entity == "step").count(),
+        3,
+        "one audit line per step written, none for the refused ones"
+    );
 }
 
 async fn r2_pure_calls_are_never_logged(store: Store) {

@@ -392,6 +392,14 @@ fn verdicts(figures: &Figures) -> Vec<Verdict> {
             None,
             None,
         );
+        // Context, not a target: the engine against its own store calls
+        // made back to back; above 1 is the harness's logic and hand-offs.
+        judge(
+            format!("{prefix}: engine p50 per step / its store calls alone p50 (context)"),
+            figures.ratio(&f("engine.lookup.c1.p50_ms"), &f("store.sum.p50_ms")),
+            None,
+            None,
+        );
     }
     out
 }

@@ -8,7 +8,7 @@ use crate::saga::class::{Audience, Phase, ToolClass};
 use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
 use crate::saga::engine::{Engine, OutcomeKind};
 use crate::saga::key::step_key;
-use crate::saga::model::{Actor, NewRun, NewStep};
+use crate::saga::model::{Actor, Durability, NewRun, NewStep, Outcome};
 use crate::saga::registry::Registry;
 use crate::saga::status::{RunStatus, StepStatus};
 use crate::saga::store::SagaStore;
@@ -214,8 +214,67 @@ impl EnginePath {
                 figures.record(&format!("{key}.c{runs}.per_s"), "/s", Better::Higher, per_s);
             }
         }
+        self.store_parts(prefix, sizes, figures).await?;
         self.flatness(prefix, sizes, figures).await?;
         self.unwind(prefix, sizes, figures).await
+    }
+
+    /// The three store calls a looked-up step makes, without the engine
+    /// around them, each timed: the claim with its read, the durable
+    /// intent, the lazy outcome. The engine's p50 less their sum is the
+    /// harness's own time per step.
+    async fn store_parts(
+        &self,
+        prefix: &str,
+        sizes: &Sizes,
+        figures: &mut Figures,
+    ) -> anyhow::Result<()> {
+        let run = self.new_run().await?;
+        let actor = Actor::Agent(AGENT.into());
+        let steps = sizes.ops(1);
+        let (mut claim, mut intent, mut outcome, mut sum) = (
+            Vec::with_capacity(steps),
+            Vec::with_capacity(steps),
+            Vec::with_capacity(steps),
+            Vec::with_capacity(steps),
+        );
+        let ms = |at: Instant| at.elapsed().as_secs_f64() * 1e3;
+        for step in 0..steps as i64 {
+            let started = Instant::now();
+            let claimed = self.store.claim_and_read(run).await?;
+            claim.push(ms(started));
+            let at = Instant::now();
+            self.store
+                .record_step(looked_up_step(run, step), &actor)
+                .await?;
+            intent.push(ms(at));
+            let at = Instant::now();
+            let confirmed = Outcome::confirmed(
+                StepStatus::Intended,
+                format!("noop-{step}"),
+                json!({ "id": format!("noop-{step}") }),
+            );
+            self.store
+                .settle_step(run, step, confirmed, Durability::Lazy, &actor)
+                .await?;
+            outcome.push(ms(at));
+            drop(claimed);
+            sum.push(ms(started));
+        }
+        for (part, values) in [
+            ("claim", &claim),
+            ("intent", &intent),
+            ("outcome", &outcome),
+            ("sum", &sum),
+        ] {
+            figures.record(
+                &format!("{prefix}.store.{part}.p50_ms"),
+                "ms",
+                Better::Lower,
+                percentile(values, 50.0),
+            );
+        }
+        Ok(())
     }
 
     /// Step N against step 1: the p50 of a window at each end of one run.
@@ -253,23 +312,8 @@ impl EnginePath {
         let run = self.new_run().await?;
         let actor = Actor::Agent(AGENT.into());
         for step in 0..sizes.long_run as i64 {
-            let key = step_key(run, step, "noop_looked_up");
             self.store
-                .record_step(
-                    NewStep {
-                        run_id: run,
-                        step_idx: step,
-                        tool: "noop_looked_up".into(),
-                        tool_class: ToolClass::Compensatable,
-                        compensation: Some(json!({ "tool": "noop_undo", "args": { "of": key } })),
-                        idempotency_key: key,
-                        args: json!({ "n": step }),
-                        status: StepStatus::Intended,
-                        audience: Audience::Internal,
-                        phase: Phase::BeforePivot,
-                    },
-                    &actor,
-                )
+                .record_step(looked_up_step(run, step), &actor)
                 .await?;
         }
         let started = Instant::now();
@@ -289,5 +333,22 @@ impl EnginePath {
             wall,
         );
         Ok(())
+    }
+}
+
+/// A looked-up step's intent, as the engine would write it.
+fn looked_up_step(run: Uuid, step: i64) -> NewStep {
+    let key = step_key(run, step, "noop_looked_up");
+    NewStep {
+        run_id: run,
+        step_idx: step,
+        tool: "noop_looked_up".into(),
+        tool_class: ToolClass::Compensatable,
+        compensation: Some(json!({ "tool": "noop_undo", "args": { "of": key } })),
+        idempotency_key: key,
+        args: json!({ "n": step }),
+        status: StepStatus::Intended,
+        audience: Audience::Internal,
+        phase: Phase::BeforePivot,
     }
 }

@@ -183,17 +183,15 @@ impl PostgresStore {
              SELECT * FROM saga_log WHERE run_id = '{id}' AND status IN {} ORDER BY step_idx",
             crate::store::sql::unsettled_sql!()
         );
-        let (mut run, mut unsettled) = (None, Vec::new());
-        if let Some(conn) = claim.conn.as_mut() {
-            let mut rows = sqlx::raw_sql(&batch).fetch(&mut **conn);
-            while let Some(row) = rows.try_next().await.map_err(db)? {
-                if row.try_column("step_idx").is_ok() {
-                    unsettled.push(step_from(&row)?);
-                } else if row.try_column("next_step").is_ok() {
-                    run = Some(run_from(&row)?);
-                }
-            }
-        }
+        let rows = match claim.conn.as_mut() {
+            Some(conn) => sqlx::raw_sql(&batch)
+                .fetch(&mut **conn)
+                .try_collect()
+                .await
+                .map_err(db)?,
+            None => Vec::new(),
+        };
+        let (run, unsettled) = run_and_unsettled(&rows)?;
         claim.locked = true;
         Ok(crate::saga::store::ClaimedRun {
             claim: Box::new(claim),

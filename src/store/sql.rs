@@ -113,6 +113,20 @@ macro_rules! saga_store_sql {
             Ok(get::<Option<Json<Value>>>(row, column)?.map(|j| j.0))
         }
 
+        /// Sorts the rows of a claim's read (a run row, then its unsettled
+        /// steps, from one batch of statements) by the columns they carry.
+        fn run_and_unsettled(rows: &[DbRow]) -> StoreResult<(Option<Run>, Vec<Step>)> {
+            let (mut run, mut unsettled) = (None, Vec::new());
+            for row in rows {
+                if row.try_column("step_idx").is_ok() {
+                    unsettled.push(step_from(row)?);
+                } else if row.try_column("next_step").is_ok() {
+                    run = Some(run_from(row)?);
+                }
+            }
+            Ok((run, unsettled))
+        }
+
         fn run_from(row: &DbRow) -> StoreResult<Run> {
             Ok(Run {
                 id: parse_uuid("runs.id", &text(row, "id")?)?,

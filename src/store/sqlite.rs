@@ -16,13 +16,14 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub struct SqliteStore {
     writer: SqlitePool,
     readers: SqlitePool,
     /// Whether the writer was last set to `synchronous = NORMAL`.
-    synchronous_is_normal: AtomicBool,
+    synchronous_is_normal: Arc<AtomicBool>,
     /// Held for the life of the store: a second harness on the same file is
     /// refused at start-up instead of corrupting the single-writer design.
     _lock: File,
@@ -46,8 +47,12 @@ impl SqliteStore {
             ));
         }
         let lock = take_process_lock(&path)?;
+        // A pool normally pings a connection before lending it out; an
+        // in-process SQLite connection cannot have gone away, and the ping
+        // would be one more hop to its worker thread on every step.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
+            .test_before_acquire(false)
             .connect_with(options.clone())
             .await
             .map_err(|e| StoreError::Database(format!("cannot open {}: {e}", path.display())))?;
@@ -57,13 +62,14 @@ impl SqliteStore {
             .map_err(|e| StoreError::Database(format!("migrating {}: {e}", path.display())))?;
         let readers = SqlitePoolOptions::new()
             .max_connections(8)
+            .test_before_acquire(false)
             .connect_with(options.read_only(true))
             .await
             .map_err(|e| StoreError::Database(format!("cannot open {}: {e}", path.display())))?;
         Ok(SqliteStore {
             writer,
             readers,
-            synchronous_is_normal: AtomicBool::new(false),
+            synchronous_is_normal: Arc::new(AtomicBool::new(false)),
             _lock: lock,
         })
     }
@@ -109,17 +115,60 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// One transaction on the single writer: SQLite has no statement that
-    /// inserts and updates two tables at once, and its round trips are calls
-    /// into the same process.
+    /// The intent row in one call into SQLite: the guarded counter update,
+    /// the row and its audit line, sent as one batch of statements inside
+    /// one `BEGIN IMMEDIATE … COMMIT` at `synchronous = FULL`. Each write
+    /// after the counter runs only when the one before it changed a row, so
+    /// a counter that does not match writes nothing, and a second query says
+    /// why.
     async fn record_step_alone(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let step = insert_step(&mut tx, new, actor).await?;
-        tx.commit().await.map_err(db)?;
-        Ok(step)
+        check_new_step(&new)?;
+        let now = Utc::now();
+        let query = sqlx::query(concat!(
+            "PRAGMA synchronous = FULL; BEGIN IMMEDIATE;
+             UPDATE runs SET next_step = next_step + 1,
+                irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11
+             WHERE id = $1 AND next_step = $2;
+             INSERT INTO saga_log (run_id, step_idx, tool, tool_class, idempotency_key, args,
+                status, compensation, audience, phase, approved_individually, created_at,
+                updated_at)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, FALSE, $11, $11 WHERE changes() = 1
+             RETURNING *;
+             INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
+             SELECT $1, 'step', $2, $13, NULL, $7, $14, $11 WHERE changes() = 1;
+             COMMIT;"
+        ))
+        .bind(new.run_id.to_string())
+        .bind(new.step_idx)
+        .bind(new.tool.clone())
+        .bind(new.tool_class.as_str())
+        .bind(new.idempotency_key.clone())
+        .bind(Json(new.args.clone()))
+        .bind(new.status.as_str())
+        .bind(new.compensation.clone().map(Json))
+        .bind(new.audience.as_str())
+        .bind(new.phase.as_str())
+        .bind(now)
+        .bind(i64::from(counts_as_irreversible(&new)))
+        .bind(actor.to_string())
+        .bind(step_event_detail(&new));
+        let rows = self
+            .write_batch(query, Durability::Durable)
+            .await
+            .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
+        match rows.first() {
+            Some(row) => step_from(row),
+            None => {
+                let mut conn = self.write(Durability::Durable).await?;
+                Err(why_step_refused(&mut conn, new.run_id, new.step_idx).await)
+            }
+        }
     }
 
+    /// An outcome in one call into SQLite: the compare-and-set and its audit
+    /// line in one transaction, at the durability asked for. A held step
+    /// released by a person takes the general path (it also marks the step
+    /// and counts it against the run).
     async fn settle_step_alone(
         &self,
         run_id: uuid::Uuid,
@@ -128,11 +177,85 @@ impl SqliteStore {
         durability: Durability,
         actor: &Actor,
     ) -> StoreResult<Step> {
-        let mut conn = self.write(durability).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let step = settle_step_in(&mut tx, run_id, step_idx, outcome, actor).await?;
-        tx.commit().await.map_err(db)?;
-        Ok(step)
+        if approves_individually(&outcome) {
+            let mut conn = self.write(durability).await?;
+            let mut tx = conn.begin().await.map_err(db)?;
+            let step = settle_step_in(&mut tx, run_id, step_idx, outcome, actor).await?;
+            tx.commit().await.map_err(db)?;
+            return Ok(step);
+        }
+        macro_rules! settle_batch {
+            ($synchronous:literal) => {
+                concat!(
+                    "PRAGMA synchronous = ", $synchronous, "; BEGIN IMMEDIATE;
+                     UPDATE saga_log SET status = $1, external_ref = COALESCE($2, external_ref),
+                        result = COALESCE($3, result), error = COALESCE($4, error), updated_at = $5
+                     WHERE run_id = $6 AND step_idx = $7 AND status = $8
+                     RETURNING *;
+                     INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status,
+                        detail, at)
+                     SELECT $6, 'step', $7, $9, $8, $1, $10, $5 WHERE changes() = 1;
+                     COMMIT;"
+                )
+            };
+        }
+        let sql = match durability {
+            Durability::Durable => settle_batch!("FULL"),
+            Durability::Lazy => settle_batch!("NORMAL"),
+        };
+        let query = sqlx::query(sql)
+            .bind(outcome.to.as_str())
+            .bind(outcome.external_ref.clone())
+            .bind(outcome.result.clone().map(Json))
+            .bind(outcome.error.clone())
+            .bind(Utc::now())
+            .bind(run_id.to_string())
+            .bind(step_idx)
+            .bind(outcome.from.as_str())
+            .bind(actor.to_string())
+            .bind(settle_event_detail(&outcome));
+        let rows = self.write_batch(query, durability).await.map_err(db)?;
+        match rows.first() {
+            Some(row) => step_from(row),
+            None => {
+                let mut conn = self.write(durability).await?;
+                Err(step_not_settled(&mut conn, run_id, step_idx, outcome.from).await)
+            }
+        }
+    }
+
+    /// Runs one batch that opens and commits its own transaction on the
+    /// writer, in a task of its own: were the caller to give up half way,
+    /// the batch would stop between statements and leave the writer inside
+    /// an open transaction. A batch that fails is rolled back here, and the
+    /// writer goes back to `synchronous = FULL`, the safe side.
+    async fn write_batch(
+        &self,
+        query: sqlx::query::Query<'static, Sqlite, sqlx::sqlite::SqliteArguments<'static>>,
+        durability: Durability,
+    ) -> Result<Vec<sqlx::sqlite::SqliteRow>, sqlx::Error> {
+        let mut conn = self.writer.acquire().await?;
+        let flag = self.synchronous_is_normal.clone();
+        let batch = tokio::spawn(async move {
+            let done = query.fetch_all(&mut *conn).await;
+            match &done {
+                Ok(_) => flag.store(durability == Durability::Lazy, Ordering::Release),
+                Err(_) => {
+                    // ROLLBACK fails harmlessly when the error came before
+                    // BEGIN. Should the reset fail too, the flag says
+                    // NORMAL, so the next durable write sets FULL again.
+                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                    let reset = sqlx::query("PRAGMA synchronous = FULL")
+                        .execute(&mut *conn)
+                        .await;
+                    flag.store(reset.is_err(), Ordering::Release);
+                }
+            }
+            done
+        });
+        batch
+            .await
+            .map_err(|e| sqlx::Error::Protocol(format!("a write batch did not finish: {e}")))?
     }
 }
 
@@ -151,10 +274,21 @@ impl SqliteStore {
         &self,
         run_id: uuid::Uuid,
     ) -> StoreResult<crate::saga::store::ClaimedRun> {
+        let rows = sqlx::query(concat!(
+            "SELECT * FROM runs WHERE id = $1;
+             SELECT * FROM saga_log WHERE run_id = $1 AND status IN ",
+            crate::store::sql::unsettled_sql!(),
+            " ORDER BY step_idx"
+        ))
+        .bind(run_id.to_string())
+        .fetch_all(self.reader())
+        .await
+        .map_err(db)?;
+        let (run, unsettled) = run_and_unsettled(&rows)?;
         Ok(crate::saga::store::ClaimedRun {
             claim: self.claim(run_id).await?,
-            run: self.run(run_id).await?,
-            unsettled: self.unsettled_steps(run_id).await?,
+            run,
+            unsettled,
         })
     }
 }
