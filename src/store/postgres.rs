@@ -9,19 +9,24 @@ use crate::store::sql::saga_store_sql;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool, Postgres};
+use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Connections in the pool, and how many of them run claims may hold.
-/// A claim keeps its connection for a whole call while the call's writes
-/// take others: were every connection a claim, the writes would wait for
-/// a connection forever (64 concurrent runs on 32 connections did).
+/// A claim keeps its connection for a whole call. The call's step writes
+/// go down that connection, but its other reads and writes (a held step,
+/// a compensation, the dashboard's pages) take pool connections: were
+/// every connection a claim, those would wait for one forever (64
+/// concurrent runs on 32 connections did, before the cap).
 const POOL_SIZE: u32 = 32;
 const MAX_CLAIMS: usize = POOL_SIZE as usize / 2;
 
 pub struct PostgresStore {
     pool: PgPool,
-    claims: std::sync::Arc<tokio::sync::Semaphore>,
+    claims: Arc<tokio::sync::Semaphore>,
+    held: HeldRuns,
 }
 
 impl PostgresStore {
@@ -57,7 +62,8 @@ impl PostgresStore {
             .map_err(|e| StoreError::Database(format!("migrating PostgreSQL at {place}: {e}")))?;
         Ok(PostgresStore {
             pool,
-            claims: std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CLAIMS)),
+            claims: Arc::new(tokio::sync::Semaphore::new(MAX_CLAIMS)),
+            held: HeldRuns::default(),
         })
     }
 
@@ -86,17 +92,42 @@ impl PostgresStore {
     }
 }
 
-/// A connection holding the session-level advisory lock of one run. The
-/// lock is taken in one round trip and released off the caller's path when
-/// the claim is dropped: a spawned task unlocks and returns the connection.
-/// Whenever the lock's state is in doubt (the claim was dropped while
-/// waiting for it, the unlock failed, no runtime to unlock on) the
-/// connection is closed instead, and closing the session releases the lock.
-pub struct AdvisoryClaim {
+/// A claimed run's connection, shared between the claim and the store's
+/// writes for that run while the claim is held.
+type ClaimConn = Arc<tokio::sync::Mutex<PoolConnection<Postgres>>>;
+
+/// The connections of the runs this store has claimed, by run.
+type HeldRuns = Arc<std::sync::Mutex<HashMap<uuid::Uuid, ClaimConn>>>;
+
+/// A slot and a connection on their way to holding a run's lock. Dropped
+/// before the lock is confirmed (the caller gave up while waiting), the
+/// connection is closed: it may still get the lock, and closing the
+/// session is what releases it.
+struct PendingClaim {
     conn: Option<PoolConnection<Postgres>>,
-    run_id: uuid::Uuid,
-    locked: bool,
     slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Drop for PendingClaim {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.as_mut() {
+            conn.close_on_drop();
+        }
+    }
+}
+
+/// A connection holding the session-level advisory lock of one run. While
+/// it is held, the store's writes for that run go down this connection
+/// (no pool hand-off per statement). The lock is released off the caller's
+/// path when the claim is dropped: a spawned task waits for any write still
+/// on the connection, unlocks and returns the connection. Whenever the
+/// lock's state is in doubt (the unlock failed, no runtime to unlock on)
+/// the connection is closed instead, and closing the session releases it.
+pub struct AdvisoryClaim {
+    conn: ClaimConn,
+    run_id: uuid::Uuid,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    held: HeldRuns,
 }
 impl crate::saga::store::RunClaim for AdvisoryClaim {}
 
@@ -105,20 +136,29 @@ const UNLOCK_RUN: &str = "SELECT pg_advisory_unlock(hashtext('saga-run'), hashte
 
 impl Drop for AdvisoryClaim {
     fn drop(&mut self) {
-        let Some(mut conn) = self.conn.take() else {
-            return;
-        };
-        let runtime = tokio::runtime::Handle::try_current();
-        let (true, Ok(runtime)) = (self.locked, runtime) else {
-            conn.close_on_drop();
+        {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            if held
+                .get(&self.run_id)
+                .is_some_and(|c| Arc::ptr_eq(c, &self.conn))
+            {
+                held.remove(&self.run_id);
+            }
+        }
+        let conn = self.conn.clone();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            if let Ok(mut conn) = conn.try_lock() {
+                conn.close_on_drop();
+            }
             return;
         };
         let run_id = self.run_id.to_string();
         let slot = self.slot.take();
         runtime.spawn(async move {
+            let mut conn = conn.lock().await;
             let unlocked: Result<bool, _> = sqlx::query_scalar(UNLOCK_RUN)
                 .bind(run_id)
-                .fetch_one(&mut *conn)
+                .fetch_one(&mut **conn)
                 .await;
             if !matches!(unlocked, Ok(true)) {
                 conn.close_on_drop();
@@ -129,10 +169,35 @@ impl Drop for AdvisoryClaim {
     }
 }
 
+/// Where a write for one run goes: down the run's claim when this store
+/// holds it, else a connection from the pool.
+enum RunConn {
+    Claimed(tokio::sync::OwnedMutexGuard<PoolConnection<Postgres>>),
+    Pooled(PoolConnection<Postgres>),
+}
+
+impl std::ops::Deref for RunConn {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        match self {
+            RunConn::Claimed(conn) => conn,
+            RunConn::Pooled(conn) => conn,
+        }
+    }
+}
+
+impl std::ops::DerefMut for RunConn {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match self {
+            RunConn::Claimed(conn) => conn,
+            RunConn::Pooled(conn) => conn,
+        }
+    }
+}
+
 impl PostgresStore {
-    /// A claim slot and a connection, not yet locked: dropped before the
-    /// lock is confirmed, it closes the connection (see `AdvisoryClaim`).
-    async fn unlocked_claim(&self, run_id: uuid::Uuid) -> StoreResult<AdvisoryClaim> {
+    /// A claim slot and a connection, not yet locked.
+    async fn pending_claim(&self) -> StoreResult<PendingClaim> {
         let slot = self
             .claims
             .clone()
@@ -140,28 +205,63 @@ impl PostgresStore {
             .await
             .map_err(|_| StoreError::Database("the store is closing".into()))?;
         let conn = self.pool.acquire().await.map_err(db)?;
-        Ok(AdvisoryClaim {
+        Ok(PendingClaim {
             conn: Some(conn),
-            run_id,
-            locked: false,
             slot: Some(slot),
         })
+    }
+
+    /// The pending claim's lock is confirmed: the claim is registered so
+    /// that this run's writes use its connection.
+    fn locked_claim(
+        &self,
+        run_id: uuid::Uuid,
+        mut pending: PendingClaim,
+    ) -> StoreResult<AdvisoryClaim> {
+        let conn = pending
+            .conn
+            .take()
+            .map(|c| Arc::new(tokio::sync::Mutex::new(c)))
+            .ok_or_else(|| StoreError::Database("a run claim lost its connection".into()))?;
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(run_id, conn.clone());
+        Ok(AdvisoryClaim {
+            conn,
+            run_id,
+            slot: pending.slot.take(),
+            held: self.held.clone(),
+        })
+    }
+
+    /// The connection for a write to `run_id` (see `RunConn`).
+    async fn run_conn(&self, run_id: uuid::Uuid) -> StoreResult<RunConn> {
+        let claimed = self
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&run_id)
+            .cloned();
+        match claimed {
+            Some(conn) => Ok(RunConn::Claimed(conn.lock_owned().await)),
+            None => Ok(RunConn::Pooled(self.pool.acquire().await.map_err(db)?)),
+        }
     }
 
     async fn claim(
         &self,
         run_id: uuid::Uuid,
     ) -> StoreResult<Box<dyn crate::saga::store::RunClaim>> {
-        let mut claim = self.unlocked_claim(run_id).await?;
-        if let Some(conn) = claim.conn.as_mut() {
+        let mut pending = self.pending_claim().await?;
+        if let Some(conn) = pending.conn.as_mut() {
             sqlx::query(LOCK_RUN)
                 .bind(run_id.to_string())
                 .execute(&mut **conn)
                 .await
                 .map_err(db)?;
         }
-        claim.locked = true;
-        Ok(Box::new(claim))
+        Ok(Box::new(self.locked_claim(run_id, pending)?))
     }
 
     /// The claim, the run and its unsettled steps in one round trip: three
@@ -175,7 +275,7 @@ impl PostgresStore {
         run_id: uuid::Uuid,
     ) -> StoreResult<crate::saga::store::ClaimedRun> {
         use futures::TryStreamExt as _;
-        let mut claim = self.unlocked_claim(run_id).await?;
+        let mut pending = self.pending_claim().await?;
         let id = run_id.hyphenated().to_string();
         let batch = format!(
             "SELECT pg_advisory_lock(hashtext('saga-run'), hashtext('{id}'));
@@ -183,7 +283,7 @@ impl PostgresStore {
              SELECT * FROM saga_log WHERE run_id = '{id}' AND status IN {} ORDER BY step_idx",
             crate::store::sql::unsettled_sql!()
         );
-        let rows = match claim.conn.as_mut() {
+        let rows = match pending.conn.as_mut() {
             Some(conn) => sqlx::raw_sql(&batch)
                 .fetch(&mut **conn)
                 .try_collect()
@@ -191,8 +291,8 @@ impl PostgresStore {
                 .map_err(db)?,
             None => Vec::new(),
         };
+        let claim = self.locked_claim(run_id, pending)?;
         let (run, unsettled) = run_and_unsettled(&rows)?;
-        claim.locked = true;
         Ok(crate::saga::store::ClaimedRun {
             claim: Box::new(claim),
             run,
@@ -206,7 +306,7 @@ impl PostgresStore {
     /// why.
     async fn record_step_alone(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
         check_new_step(&new)?;
-        let mut conn = self.pool.acquire().await.map_err(db)?;
+        let mut conn = self.run_conn(new.run_id).await?;
         let now = Utc::now();
         let row = sqlx::query(
             "WITH advanced AS (
@@ -262,7 +362,7 @@ impl PostgresStore {
         durability: Durability,
         actor: &Actor,
     ) -> StoreResult<Step> {
-        let mut conn = self.pool.acquire().await.map_err(db)?;
+        let mut conn = self.run_conn(run_id).await?;
         if approves_individually(&outcome) {
             let mut tx = conn.begin().await.map_err(db)?;
             Self::lazy_commit(&mut tx, durability).await?;
