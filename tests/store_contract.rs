@@ -1349,3 +1349,100 @@ async fn postgres_run_claims_are_exclusive_and_never_left_behind() {
         drop(claim);
     }
 }
+
+/// R2 with group commit: the step writes of many runs, sent at once, share
+/// one SQLite transaction; each still stands or falls on its own.
+#[tokio::test]
+async fn sqlite_r2_step_writes_of_many_runs_share_a_commit_and_stay_apart() {
+    use saga_harness::store::sqlite::SqliteStore;
+    let db = common::sqlite();
+    let sqlite = Arc::new(SqliteStore::open(&db.url).await.unwrap());
+    let store: Store = sqlite.clone();
+    let earlier = new_run(&store, None).await;
+    let taken = store
+        .record_step(
+            step(
+                &earlier,
+                0,
+                "jira.create",
+                ToolClass::Compensatable,
+                StepStatus::Intended,
+            ),
+            &agent(),
+        )
+        .await
+        .unwrap();
+    let mut runs = Vec::new();
+    for _ in 0..12 {
+        runs.push(new_run(&store, None).await);
+    }
+    // While the test holds the single writer connection, every write
+    // queues; released, they all go in the writer's next transaction.
+    let held = sqlite.session_pool().acquire().await.unwrap();
+    let before = sqlite.commit_groups();
+    let mut writes = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        let mut new = step(
+            run,
+            0,
+            "jira.create",
+            ToolClass::Compensatable,
+            StepStatus::Intended,
+        );
+        if i == 3 {
+            // A key that is already in the log: refused inside the group.
+            new.idempotency_key = taken.idempotency_key.clone();
+        }
+        if i == 7 {
+            // Not the run's next index: nothing is written for it.
+            new.step_idx = 5;
+        }
+        let store = store.clone();
+        writes.push(tokio::spawn(async move {
+            store.record_step(new, &agent()).await
+        }));
+    }
+    while sqlite.commit_groups().sent < before.sent + runs.len() as u64 {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    let mut results = Vec::new();
+    for write in writes {
+        results.push(write.await.unwrap());
+    }
+    let after = sqlite.commit_groups();
+    assert_eq!(after.groups - before.groups, 1, "{before:?} → {after:?}");
+    assert_eq!(after.jobs - before.jobs, runs.len() as u64);
+    for (i, (run, result)) in runs.iter().zip(&results).enumerate() {
+        let next_step = store.run(run.id).await.unwrap().unwrap().next_step;
+        let lines = store.events(Some(run.id), 100).await.unwrap();
+        let step_lines = lines.iter().filter(|e| e.entity == "step").count();
+        match i {
+            3 => {
+                assert!(
+                    matches!(result, Err(StoreError::Duplicate { .. })),
+                    "{result:?}"
+                );
+                assert_eq!((next_step, step_lines), (0, 0), "run {i}");
+            }
+            7 => {
+                assert!(
+                    matches!(
+                        result,
+                        Err(StoreError::StepOutOfOrder {
+                            given: 5,
+                            expected: 0
+                        })
+                    ),
+                    "{result:?}"
+                );
+                assert_eq!((next_step, step_lines), (0, 0), "run {i}");
+            }
+            _ => {
+                let written = result.as_ref().unwrap();
+                assert_eq!(written.status, StepStatus::Intended);
+                assert_eq!((next_step, step_lines), (1, 1), "run {i}");
+            }
+        }
+    }
+}

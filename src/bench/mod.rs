@@ -42,7 +42,7 @@ impl Sizes {
     fn quick() -> Sizes {
         Sizes {
             rounds: 5,
-            c1: 20,
+            c1: 100,
             c8: 48,
             c64: 128,
             long_run: 60,

@@ -2,6 +2,7 @@
 //! implemented for SQLite (the default) and PostgreSQL, chosen by the
 //! database URL's scheme.
 
+pub mod group_commit;
 pub mod postgres;
 pub(crate) mod sql;
 pub mod sqlite;

@@ -8,9 +8,12 @@
 //! lazy outcome commits use `NORMAL` (DESIGN.md §9).
 
 use crate::saga::model::Durability;
+use crate::store::group_commit::{GroupWriter, WriteJob};
 use crate::store::sql::saga_store_sql;
 use sqlx::pool::PoolConnection;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
@@ -24,6 +27,8 @@ pub struct SqliteStore {
     readers: SqlitePool,
     /// Whether the writer was last set to `synchronous = NORMAL`.
     synchronous_is_normal: Arc<AtomicBool>,
+    /// The step writes, grouped into shared commits.
+    group: GroupWriter,
     /// Held for the life of the store: a second harness on the same file is
     /// refused at start-up instead of corrupting the single-writer design.
     _lock: File,
@@ -66,10 +71,12 @@ impl SqliteStore {
             .connect_with(options.read_only(true))
             .await
             .map_err(|e| StoreError::Database(format!("cannot open {}: {e}", path.display())))?;
+        let synchronous_is_normal = Arc::new(AtomicBool::new(false));
         Ok(SqliteStore {
+            group: GroupWriter::start(writer.clone(), synchronous_is_normal.clone()),
             writer,
             readers,
-            synchronous_is_normal: Arc::new(AtomicBool::new(false)),
+            synchronous_is_normal,
             _lock: lock,
         })
     }
@@ -78,6 +85,11 @@ impl SqliteStore {
     /// not contend with the saga log for the write lock.
     pub fn session_pool(&self) -> SqlitePool {
         self.writer.clone()
+    }
+
+    /// What the step writer has done so far (see `store::group_commit`).
+    pub fn commit_groups(&self) -> crate::store::group_commit::GroupCounts {
+        self.group.counts()
     }
 
     pub async fn close(&self) {
@@ -115,45 +127,41 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// The intent row in one call into SQLite: the guarded counter update,
-    /// the row and its audit line, sent as one batch of statements inside
-    /// one `BEGIN IMMEDIATE … COMMIT` at `synchronous = FULL`. Each write
-    /// after the counter runs only when the one before it changed a row, so
-    /// a counter that does not match writes nothing, and a second query says
-    /// why.
+    /// The intent row: the guarded counter update, the row and its audit
+    /// line, committed at `synchronous = FULL` (see `INTENT`). A counter
+    /// that does not match writes nothing, and a second query says why.
     async fn record_step_alone(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
         check_new_step(&new)?;
         let now = Utc::now();
-        let query = sqlx::query(concat!(
-            "PRAGMA synchronous = FULL; BEGIN IMMEDIATE;
-             UPDATE runs SET next_step = next_step + 1,
-                irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11
-             WHERE id = $1 AND next_step = $2;
-             INSERT INTO saga_log (run_id, step_idx, tool, tool_class, idempotency_key, args,
-                status, compensation, audience, phase, approved_individually, created_at,
-                updated_at)
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, FALSE, $11, $11 WHERE changes() = 1
-             RETURNING *;
-             INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
-             SELECT $1, 'step', $2, $13, NULL, $7, $14, $11 WHERE changes() = 1;
-             COMMIT;"
-        ))
-        .bind(new.run_id.to_string())
-        .bind(new.step_idx)
-        .bind(new.tool.clone())
-        .bind(new.tool_class.as_str())
-        .bind(new.idempotency_key.clone())
-        .bind(Json(new.args.clone()))
-        .bind(new.status.as_str())
-        .bind(new.compensation.clone().map(Json))
-        .bind(new.audience.as_str())
-        .bind(new.phase.as_str())
-        .bind(now)
-        .bind(i64::from(counts_as_irreversible(&new)))
-        .bind(actor.to_string())
-        .bind(step_event_detail(&new));
+        let args = job_args(
+            sqlx::query("")
+                .bind(new.run_id.to_string())
+                .bind(new.step_idx)
+                .bind(new.tool.clone())
+                .bind(new.tool_class.as_str())
+                .bind(new.idempotency_key.clone())
+                .bind(Json(new.args.clone()))
+                .bind(new.status.as_str())
+                .bind(new.compensation.clone().map(Json))
+                .bind(new.audience.as_str())
+                .bind(new.phase.as_str())
+                .bind(now)
+                .bind(i64::from(counts_as_irreversible(&new)))
+                .bind(actor.to_string())
+                .bind(step_event_detail(&new)),
+        )?;
         let rows = self
-            .write_batch(query, Durability::Durable)
+            .group
+            .write(WriteJob {
+                alone: concat!(
+                    "PRAGMA synchronous = FULL; BEGIN IMMEDIATE;",
+                    intent!(),
+                    "COMMIT;"
+                ),
+                grouped: concat!("SAVEPOINT job;", intent!(), "RELEASE job;"),
+                args,
+                durability: Durability::Durable,
+            })
             .await
             .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
         match rows.first() {
@@ -165,10 +173,10 @@ impl SqliteStore {
         }
     }
 
-    /// An outcome in one call into SQLite: the compare-and-set and its audit
-    /// line in one transaction, at the durability asked for. A held step
-    /// released by a person takes the general path (it also marks the step
-    /// and counts it against the run).
+    /// An outcome: the compare-and-set and its audit line, at the
+    /// durability asked for (see `SETTLE`). A held step released by a
+    /// person takes the general path (it also marks the step and counts it
+    /// against the run).
     async fn settle_step_alone(
         &self,
         run_id: uuid::Uuid,
@@ -184,37 +192,45 @@ impl SqliteStore {
             tx.commit().await.map_err(db)?;
             return Ok(step);
         }
-        macro_rules! settle_batch {
-            ($synchronous:literal) => {
+        let args = job_args(
+            sqlx::query("")
+                .bind(outcome.to.as_str())
+                .bind(outcome.external_ref.clone())
+                .bind(outcome.result.clone().map(Json))
+                .bind(outcome.error.clone())
+                .bind(Utc::now())
+                .bind(run_id.to_string())
+                .bind(step_idx)
+                .bind(outcome.from.as_str())
+                .bind(actor.to_string())
+                .bind(settle_event_detail(&outcome)),
+        )?;
+        let alone = match durability {
+            Durability::Durable => {
                 concat!(
-                    "PRAGMA synchronous = ", $synchronous, "; BEGIN IMMEDIATE;
-                     UPDATE saga_log SET status = $1, external_ref = COALESCE($2, external_ref),
-                        result = COALESCE($3, result), error = COALESCE($4, error), updated_at = $5
-                     WHERE run_id = $6 AND step_idx = $7 AND status = $8
-                     RETURNING *;
-                     INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status,
-                        detail, at)
-                     SELECT $6, 'step', $7, $9, $8, $1, $10, $5 WHERE changes() = 1;
-                     COMMIT;"
+                    "PRAGMA synchronous = FULL; BEGIN IMMEDIATE;",
+                    settle!(),
+                    "COMMIT;"
                 )
-            };
-        }
-        let sql = match durability {
-            Durability::Durable => settle_batch!("FULL"),
-            Durability::Lazy => settle_batch!("NORMAL"),
+            }
+            Durability::Lazy => {
+                concat!(
+                    "PRAGMA synchronous = NORMAL; BEGIN IMMEDIATE;",
+                    settle!(),
+                    "COMMIT;"
+                )
+            }
         };
-        let query = sqlx::query(sql)
-            .bind(outcome.to.as_str())
-            .bind(outcome.external_ref.clone())
-            .bind(outcome.result.clone().map(Json))
-            .bind(outcome.error.clone())
-            .bind(Utc::now())
-            .bind(run_id.to_string())
-            .bind(step_idx)
-            .bind(outcome.from.as_str())
-            .bind(actor.to_string())
-            .bind(settle_event_detail(&outcome));
-        let rows = self.write_batch(query, durability).await.map_err(db)?;
+        let rows = self
+            .group
+            .write(WriteJob {
+                alone,
+                grouped: concat!("SAVEPOINT job;", settle!(), "RELEASE job;"),
+                args,
+                durability,
+            })
+            .await
+            .map_err(db)?;
         match rows.first() {
             Some(row) => step_from(row),
             None => {
@@ -223,40 +239,49 @@ impl SqliteStore {
             }
         }
     }
+}
 
-    /// Runs one batch that opens and commits its own transaction on the
-    /// writer, in a task of its own: were the caller to give up half way,
-    /// the batch would stop between statements and leave the writer inside
-    /// an open transaction. A batch that fails is rolled back here, and the
-    /// writer goes back to `synchronous = FULL`, the safe side.
-    async fn write_batch(
-        &self,
-        query: sqlx::query::Query<'static, Sqlite, sqlx::sqlite::SqliteArguments<'static>>,
-        durability: Durability,
-    ) -> Result<Vec<sqlx::sqlite::SqliteRow>, sqlx::Error> {
-        let mut conn = self.writer.acquire().await?;
-        let flag = self.synchronous_is_normal.clone();
-        let batch = tokio::spawn(async move {
-            let done = query.fetch_all(&mut *conn).await;
-            match &done {
-                Ok(_) => flag.store(durability == Durability::Lazy, Ordering::Release),
-                Err(_) => {
-                    // ROLLBACK fails harmlessly when the error came before
-                    // BEGIN. Should the reset fail too, the flag says
-                    // NORMAL, so the next durable write sets FULL again.
-                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                    let reset = sqlx::query("PRAGMA synchronous = FULL")
-                        .execute(&mut *conn)
-                        .await;
-                    flag.store(reset.is_err(), Ordering::Release);
-                }
-            }
-            done
-        });
-        batch
-            .await
-            .map_err(|e| sqlx::Error::Protocol(format!("a write batch did not finish: {e}")))?
-    }
+/// The writes of an intent, for `WriteJob`: each write after the counter
+/// runs only when the one before it changed a row (SQLite has no
+/// data-modifying CTE).
+macro_rules! intent {
+    () => {
+        "UPDATE runs SET next_step = next_step + 1,
+            irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11
+         WHERE id = $1 AND next_step = $2;
+         INSERT INTO saga_log (run_id, step_idx, tool, tool_class, idempotency_key, args,
+            status, compensation, audience, phase, approved_individually, created_at,
+            updated_at)
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, FALSE, $11, $11 WHERE changes() = 1
+         RETURNING *;
+         INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
+         SELECT $1, 'step', $2, $13, NULL, $7, $14, $11 WHERE changes() = 1;"
+    };
+}
+use intent;
+
+/// The writes of an outcome, for `WriteJob`.
+macro_rules! settle {
+    () => {
+        "UPDATE saga_log SET status = $1, external_ref = COALESCE($2, external_ref),
+            result = COALESCE($3, result), error = COALESCE($4, error), updated_at = $5
+         WHERE run_id = $6 AND step_idx = $7 AND status = $8
+         RETURNING *;
+         INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
+         SELECT $6, 'step', $7, $9, $8, $1, $10, $5 WHERE changes() = 1;"
+    };
+}
+use settle;
+
+/// The values bound to `query`, for a job that runs them under other text.
+fn job_args(
+    mut query: sqlx::query::Query<'static, Sqlite, SqliteArguments<'static>>,
+) -> StoreResult<SqliteArguments<'static>> {
+    use sqlx::Execute as _;
+    query
+        .take_arguments()
+        .map_err(|e| StoreError::Invalid(format!("a value could not be bound: {e}")))
+        .map(Option::unwrap_or_default)
 }
 
 pub struct NoClaim;
