@@ -22,6 +22,9 @@ use uuid::Uuid;
 
 pub const AGENT: &str = "bench-agent";
 
+/// Untimed steps on each of 64 runs before a round's engine figures.
+const WARM_UP_STEPS: usize = 8;
+
 /// Two tools alike but for the lookup: one whose outcome commit may be
 /// lazy (DESIGN.md §9), one whose outcome is durable before the agent
 /// hears of it. Both internal, so no correction is ever queued.
@@ -147,10 +150,11 @@ impl EnginePath {
         Ok(latencies)
     }
 
-    /// One step of each tool on a new run, untimed.
+    /// Untimed steps on a new run, the two tools in turn.
     async fn warm_up(&self) -> anyhow::Result<()> {
         let run = self.new_run().await?;
-        for (i, tool) in ["noop_looked_up", "noop_blind"].into_iter().enumerate() {
+        for i in 0..WARM_UP_STEPS {
+            let tool = ["noop_looked_up", "noop_blind"][i % 2];
             self.engine
                 .call(AGENT, run, tool, json!({ "warm": i }), Some(i as i64))
                 .await
@@ -167,9 +171,11 @@ impl EnginePath {
     ) -> anyhow::Result<()> {
         // The store is opened afresh for each round: its pool starts empty,
         // and on PostgreSQL opening a connection (authentication included)
-        // takes milliseconds. Untimed steps of both tools on as many runs at
-        // once as the widest measurement open the connections and prepare
-        // the statements first, so the tool measured first does not pay.
+        // takes milliseconds, and each connection plans a prepared statement
+        // afresh on its first five runs before it keeps a generic plan.
+        // Untimed steps of both tools on as many runs at once as the widest
+        // measurement open the connections and settle their plans first, so
+        // the figure measured first does not pay for them.
         try_join_all((0..64).map(|_| {
             let path = self.clone();
             tokio::spawn(async move { path.warm_up().await })
