@@ -63,7 +63,7 @@ pub struct GroupCounts {
 impl GroupWriter {
     /// Starts the writer task on the current runtime. `normal` says whether
     /// the writer connection was last left at `synchronous = NORMAL`; the
-    /// task keeps it true.
+    /// task keeps it up to date after each of its commits.
     pub fn start(writer: SqlitePool, normal: Arc<AtomicBool>) -> GroupWriter {
         let (jobs, queue) = mpsc::unbounded_channel();
         let counts = Arc::new(Counts::default());
