@@ -372,37 +372,29 @@ impl PostgresStore {
         }
         // A durable commit keeps whatever the server is set to.
         let commit_mode = (durability == Durability::Lazy).then_some("off");
-        let row = sqlx::query(
+        let query = sqlx::query(concat!(
             "WITH commit_mode AS (
                 SELECT set_config('synchronous_commit',
                     COALESCE($9, current_setting('synchronous_commit')), true) AS mode
-             ), settled AS (
-                UPDATE saga_log SET status = $1, external_ref = COALESCE($2, external_ref),
-                    result = COALESCE($3, result), error = COALESCE($4, error), updated_at = $5
-                WHERE run_id = $6 AND step_idx = $7 AND status = $8
-                  AND (SELECT mode FROM commit_mode) IS NOT NULL
-                RETURNING *
-             ), logged AS (
+             ), settled AS (",
+            crate::store::sql::outcome_cas!(
+                "saga_log",
+                " AND (SELECT mode FROM commit_mode) IS NOT NULL"
+            ),
+            "), logged AS (
                 INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status,
                     detail, at)
                 SELECT run_id, 'step', step_idx, $10, $8, $1, $11, $5 FROM settled
              )
-             SELECT * FROM settled",
-        )
-        .bind(outcome.to.as_str())
-        .bind(&outcome.external_ref)
-        .bind(outcome.result.as_ref().map(Json))
-        .bind(&outcome.error)
-        .bind(Utc::now())
-        .bind(run_id.to_string())
-        .bind(step_idx)
-        .bind(outcome.from.as_str())
-        .bind(commit_mode)
-        .bind(actor.to_string())
-        .bind(settle_event_detail(&outcome))
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(db)?;
+             SELECT * FROM settled"
+        ));
+        let row = bind_outcome(query, &outcome, Utc::now(), run_id, step_idx)
+            .bind(commit_mode)
+            .bind(actor.to_string())
+            .bind(settle_event_detail(&outcome))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db)?;
         match row {
             Some(row) => step_from(&row),
             None => Err(step_not_settled(&mut conn, run_id, step_idx, outcome.from).await),

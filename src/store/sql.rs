@@ -49,6 +49,27 @@ pub(crate) struct EventLine<'a> {
     pub at: DateTime<Utc>,
 }
 
+/// The compare-and-set that moves a step (`saga_log`) or a compensation to
+/// its outcome, returning the row; `$1`–`$8` are bound by `bind_outcome`.
+/// A second argument adds a condition to the WHERE clause.
+macro_rules! outcome_cas {
+    ($table:literal) => {
+        $crate::store::sql::outcome_cas!($table, "")
+    };
+    ($table:literal, $also:literal) => {
+        concat!(
+            "UPDATE ",
+            $table,
+            " SET status = $1, external_ref = COALESCE($2, external_ref),
+                result = COALESCE($3, result), error = COALESCE($4, error), updated_at = $5
+             WHERE run_id = $6 AND step_idx = $7 AND status = $8",
+            $also,
+            " RETURNING *"
+        )
+    };
+}
+pub(crate) use outcome_cas;
+
 /// The statuses of a step that is not settled, as SQL; migration 0002's
 /// partial index `saga_log_open_by_run` has the same list.
 macro_rules! unsettled_sql {
@@ -470,6 +491,25 @@ macro_rules! saga_store_sql {
             step_from(&row)
         }
 
+        /// Binds `$1`–`$8` of `outcome_cas!`.
+        fn bind_outcome<'q>(
+            query: sqlx::query::Query<'q, $Db, <$Db as sqlx::Database>::Arguments<'q>>,
+            outcome: &Outcome,
+            at: chrono::DateTime<Utc>,
+            run_id: Uuid,
+            step_idx: i64,
+        ) -> sqlx::query::Query<'q, $Db, <$Db as sqlx::Database>::Arguments<'q>> {
+            query
+                .bind(outcome.to.as_str())
+                .bind(outcome.external_ref.clone())
+                .bind(outcome.result.clone().map(Json))
+                .bind(outcome.error.clone())
+                .bind(at)
+                .bind(run_id.to_string())
+                .bind(step_idx)
+                .bind(outcome.from.as_str())
+        }
+
         fn step_event_detail(new: &NewStep) -> String {
             format!("{} key={}", new.tool, new.idempotency_key)
         }
@@ -570,20 +610,13 @@ macro_rules! saga_store_sql {
             actor: &Actor,
         ) -> StoreResult<Step> {
             let now = Utc::now();
-            let found = sqlx::query(
-                "UPDATE saga_log SET status = $1, external_ref = COALESCE($2, external_ref),
-                    result = COALESCE($3, result), error = COALESCE($4, error), updated_at = $5
-                 WHERE run_id = $6 AND step_idx = $7 AND status = $8
-                 RETURNING *",
+            let found = bind_outcome(
+                sqlx::query($crate::store::sql::outcome_cas!("saga_log")),
+                &outcome,
+                now,
+                run_id,
+                step_idx,
             )
-            .bind(outcome.to.as_str())
-            .bind(&outcome.external_ref)
-            .bind(outcome.result.as_ref().map(Json))
-            .bind(&outcome.error)
-            .bind(now)
-            .bind(run_id.to_string())
-            .bind(step_idx)
-            .bind(outcome.from.as_str())
             .fetch_optional(&mut *conn)
             .await
             .map_err(db)?;
@@ -1009,20 +1042,13 @@ macro_rules! saga_store_sql {
                 let mut tx = conn.begin().await.map_err(db)?;
                 Self::lazy_commit(&mut tx, durability).await?;
                 let now = Utc::now();
-                let found = sqlx::query(
-                    "UPDATE compensations SET status = $1, external_ref = COALESCE($2, external_ref),
-                        result = COALESCE($3, result), error = COALESCE($4, error), updated_at = $5
-                     WHERE run_id = $6 AND step_idx = $7 AND status = $8
-                     RETURNING *",
+                let found = bind_outcome(
+                    sqlx::query($crate::store::sql::outcome_cas!("compensations")),
+                    &outcome,
+                    now,
+                    run_id,
+                    step_idx,
                 )
-                .bind(outcome.to.as_str())
-                .bind(&outcome.external_ref)
-                .bind(outcome.result.as_ref().map(Json))
-                .bind(&outcome.error)
-                .bind(now)
-                .bind(run_id.to_string())
-                .bind(step_idx)
-                .bind(outcome.from.as_str())
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(db)?;

@@ -193,15 +193,7 @@ impl SqliteStore {
             return Ok(step);
         }
         let args = job_args(
-            sqlx::query("")
-                .bind(outcome.to.as_str())
-                .bind(outcome.external_ref.clone())
-                .bind(outcome.result.clone().map(Json))
-                .bind(outcome.error.clone())
-                .bind(Utc::now())
-                .bind(run_id.to_string())
-                .bind(step_idx)
-                .bind(outcome.from.as_str())
+            bind_outcome(sqlx::query(""), &outcome, Utc::now(), run_id, step_idx)
                 .bind(actor.to_string())
                 .bind(settle_event_detail(&outcome)),
         )?;
@@ -263,12 +255,12 @@ use intent;
 /// The writes of an outcome, for `WriteJob`.
 macro_rules! settle {
     () => {
-        "UPDATE saga_log SET status = $1, external_ref = COALESCE($2, external_ref),
-            result = COALESCE($3, result), error = COALESCE($4, error), updated_at = $5
-         WHERE run_id = $6 AND step_idx = $7 AND status = $8
-         RETURNING *;
-         INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
-         SELECT $6, 'step', $7, $9, $8, $1, $10, $5 WHERE changes() = 1;"
+        concat!(
+            crate::store::sql::outcome_cas!("saga_log"),
+            ";
+             INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
+             SELECT $6, 'step', $7, $9, $8, $1, $10, $5 WHERE changes() = 1;"
+        )
     };
 }
 use settle;
