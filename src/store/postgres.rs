@@ -308,42 +308,29 @@ impl PostgresStore {
         check_new_step(&new)?;
         let mut conn = self.run_conn(new.run_id).await?;
         let now = Utc::now();
-        let row = sqlx::query(
+        let query = sqlx::query(concat!(
             "WITH advanced AS (
                 UPDATE runs SET next_step = next_step + 1,
                     irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11
                 WHERE id = $1 AND next_step = $2
                 RETURNING id
-             ), inserted AS (
-                INSERT INTO saga_log (run_id, step_idx, tool, tool_class, idempotency_key, args,
-                    status, compensation, audience, phase, approved_individually, created_at,
-                    updated_at)
-                SELECT id, $2, $3, $4, $5, $6, $7, $8, $9, $10, FALSE, $11, $11 FROM advanced
-                RETURNING *
+             ), inserted AS (",
+            crate::store::sql::new_step_insert!(),
+            " FROM advanced RETURNING *
              ), logged AS (
                 INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status,
                     detail, at)
                 SELECT run_id, 'step', step_idx, $13, NULL, status, $14, $11 FROM inserted
              )
-             SELECT * FROM inserted",
-        )
-        .bind(new.run_id.to_string())
-        .bind(new.step_idx)
-        .bind(&new.tool)
-        .bind(new.tool_class.as_str())
-        .bind(&new.idempotency_key)
-        .bind(Json(&new.args))
-        .bind(new.status.as_str())
-        .bind(new.compensation.as_ref().map(Json))
-        .bind(new.audience.as_str())
-        .bind(new.phase.as_str())
-        .bind(now)
-        .bind(i64::from(counts_as_irreversible(&new)))
-        .bind(actor.to_string())
-        .bind(step_event_detail(&new))
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
+             SELECT * FROM inserted"
+        ));
+        let row = bind_new_step(query, &new, now)
+            .bind(i64::from(counts_as_irreversible(&new)))
+            .bind(actor.to_string())
+            .bind(step_event_detail(&new))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
         match row {
             Some(row) => step_from(&row),
             None => Err(why_step_refused(&mut conn, new.run_id, new.step_idx).await),

@@ -70,6 +70,19 @@ macro_rules! outcome_cas {
 }
 pub(crate) use outcome_cas;
 
+/// The INSERT of a new step's row, up to where a caller makes it
+/// conditional (`FROM …` or `WHERE …`) and adds `RETURNING *`; `$1`–`$11`
+/// are bound by `bind_new_step`.
+macro_rules! new_step_insert {
+    () => {
+        "INSERT INTO saga_log (run_id, step_idx, tool, tool_class, idempotency_key, args,
+            status, compensation, audience, phase, approved_individually, created_at,
+            updated_at)
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, FALSE, $11, $11"
+    };
+}
+pub(crate) use new_step_insert;
+
 /// The statuses of a step that is not settled, as SQL; migration 0002's
 /// partial index `saga_log_open_by_run` has the same list.
 macro_rules! unsettled_sql {
@@ -453,24 +466,11 @@ macro_rules! saga_store_sql {
             if advanced.rows_affected() == 0 {
                 return Err(why_step_refused(conn, new.run_id, new.step_idx).await);
             }
-            let row = sqlx::query(
-                "INSERT INTO saga_log (run_id, step_idx, tool, tool_class, idempotency_key, args, status,
-                    compensation, audience, phase, approved_individually, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)
-                 RETURNING *",
+            let row = bind_new_step(
+                sqlx::query(concat!($crate::store::sql::new_step_insert!(), " RETURNING *")),
+                &new,
+                now,
             )
-            .bind(new.run_id.to_string())
-            .bind(new.step_idx)
-            .bind(&new.tool)
-            .bind(new.tool_class.as_str())
-            .bind(&new.idempotency_key)
-            .bind(Json(&new.args))
-            .bind(new.status.as_str())
-            .bind(new.compensation.as_ref().map(Json))
-            .bind(new.audience.as_str())
-            .bind(new.phase.as_str())
-            .bind(false)
-            .bind(now)
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
@@ -489,6 +489,26 @@ macro_rules! saga_store_sql {
             )
             .await?;
             step_from(&row)
+        }
+
+        /// Binds `$1`–`$11` of `new_step_insert!`.
+        fn bind_new_step<'q>(
+            query: sqlx::query::Query<'q, $Db, <$Db as sqlx::Database>::Arguments<'q>>,
+            new: &NewStep,
+            at: chrono::DateTime<Utc>,
+        ) -> sqlx::query::Query<'q, $Db, <$Db as sqlx::Database>::Arguments<'q>> {
+            query
+                .bind(new.run_id.to_string())
+                .bind(new.step_idx)
+                .bind(new.tool.clone())
+                .bind(new.tool_class.as_str())
+                .bind(new.idempotency_key.clone())
+                .bind(Json(new.args.clone()))
+                .bind(new.status.as_str())
+                .bind(new.compensation.clone().map(Json))
+                .bind(new.audience.as_str())
+                .bind(new.phase.as_str())
+                .bind(at)
         }
 
         /// Binds `$1`–`$8` of `outcome_cas!`.

@@ -128,24 +128,13 @@ impl SqliteStore {
     }
 
     /// The intent row: the guarded counter update, the row and its audit
-    /// line, committed at `synchronous = FULL` (see `INTENT`). A counter
+    /// line, committed at `synchronous = FULL` (see `intent!`). A counter
     /// that does not match writes nothing, and a second query says why.
     async fn record_step_alone(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
         check_new_step(&new)?;
         let now = Utc::now();
         let args = job_args(
-            sqlx::query("")
-                .bind(new.run_id.to_string())
-                .bind(new.step_idx)
-                .bind(new.tool.clone())
-                .bind(new.tool_class.as_str())
-                .bind(new.idempotency_key.clone())
-                .bind(Json(new.args.clone()))
-                .bind(new.status.as_str())
-                .bind(new.compensation.clone().map(Json))
-                .bind(new.audience.as_str())
-                .bind(new.phase.as_str())
-                .bind(now)
+            bind_new_step(sqlx::query(""), &new, now)
                 .bind(i64::from(counts_as_irreversible(&new)))
                 .bind(actor.to_string())
                 .bind(step_event_detail(&new)),
@@ -174,7 +163,7 @@ impl SqliteStore {
     }
 
     /// An outcome: the compare-and-set and its audit line, at the
-    /// durability asked for (see `SETTLE`). A held step released by a
+    /// durability asked for (see `settle!`). A held step released by a
     /// person takes the general path (it also marks the step and counts it
     /// against the run).
     async fn settle_step_alone(
@@ -238,16 +227,15 @@ impl SqliteStore {
 /// data-modifying CTE).
 macro_rules! intent {
     () => {
-        "UPDATE runs SET next_step = next_step + 1,
+        concat!(
+            "UPDATE runs SET next_step = next_step + 1,
             irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11
-         WHERE id = $1 AND next_step = $2;
-         INSERT INTO saga_log (run_id, step_idx, tool, tool_class, idempotency_key, args,
-            status, compensation, audience, phase, approved_individually, created_at,
-            updated_at)
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, FALSE, $11, $11 WHERE changes() = 1
-         RETURNING *;
-         INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
-         SELECT $1, 'step', $2, $13, NULL, $7, $14, $11 WHERE changes() = 1;"
+         WHERE id = $1 AND next_step = $2;",
+            crate::store::sql::new_step_insert!(),
+            " WHERE changes() = 1 RETURNING *;
+             INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
+             SELECT $1, 'step', $2, $13, NULL, $7, $14, $11 WHERE changes() = 1;"
+        )
     };
 }
 use intent;
