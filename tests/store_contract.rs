@@ -1446,3 +1446,82 @@ async fn sqlite_r2_step_writes_of_many_runs_share_a_commit_and_stay_apart() {
         }
     }
 }
+
+/// While a store holds a run's claim, the run's step writes go down the
+/// claim's own connection: the session holding the run's advisory lock is
+/// the one that last ran the intent, then the outcome.
+#[tokio::test]
+async fn postgres_a_claimed_runs_writes_go_down_the_claims_connection() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let store = saga_harness::store::open(&db.url)
+        .await
+        .unwrap()
+        .saga_store();
+    let observer = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let holders_last_query = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT a.query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+             WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database()",
+        )
+        .fetch_all(&observer)
+        .await
+        .unwrap()
+    };
+    let run = new_run(&store, None).await;
+    let claimed = store.claim_and_read(run.id).await.unwrap();
+    store
+        .record_step(
+            step(
+                &run,
+                0,
+                "jira.create",
+                ToolClass::Compensatable,
+                StepStatus::Intended,
+            ),
+            &agent(),
+        )
+        .await
+        .unwrap();
+    let last = holders_last_query().await;
+    assert_eq!(last.len(), 1, "{last:?}");
+    assert!(last[0].contains("INSERT INTO saga_log"), "{last:?}");
+    store
+        .settle_step(
+            run.id,
+            0,
+            Outcome::moving(StepStatus::Intended, StepStatus::Confirmed),
+            Durability::Lazy,
+            &agent(),
+        )
+        .await
+        .unwrap();
+    let last = holders_last_query().await;
+    assert!(last[0].contains("UPDATE saga_log SET status"), "{last:?}");
+    drop(claimed);
+    // Released: the lock goes, and the run's writes use the pool again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !holders_last_query().await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the claim was never released"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    store
+        .record_step(
+            step(
+                &run,
+                1,
+                "jira.create",
+                ToolClass::Compensatable,
+                StepStatus::Intended,
+            ),
+            &agent(),
+        )
+        .await
+        .unwrap();
+    assert!(holders_last_query().await.is_empty());
+}

@@ -339,8 +339,8 @@ impl PostgresStore {
 
     /// An outcome in one statement: the compare-and-set, its audit line,
     /// and for a lazy commit `synchronous_commit = off` for this statement's
-    /// own transaction only. A held step released by a person takes the
-    /// general path (it also marks the step and counts it against the run).
+    /// own transaction only. (`settle_step` sends a held step released by
+    /// a person down the general path instead.)
     async fn settle_step_alone(
         &self,
         run_id: uuid::Uuid,
@@ -350,13 +350,6 @@ impl PostgresStore {
         actor: &Actor,
     ) -> StoreResult<Step> {
         let mut conn = self.run_conn(run_id).await?;
-        if approves_individually(&outcome) {
-            let mut tx = conn.begin().await.map_err(db)?;
-            Self::lazy_commit(&mut tx, durability).await?;
-            let step = settle_step_in(&mut tx, run_id, step_idx, outcome, actor).await?;
-            tx.commit().await.map_err(db)?;
-            return Ok(step);
-        }
         // A durable commit keeps whatever the server is set to.
         let commit_mode = (durability == Durability::Lazy).then_some("off");
         let query = sqlx::query(concat!(

@@ -70,6 +70,56 @@ macro_rules! outcome_cas {
 }
 pub(crate) use outcome_cas;
 
+/// `$first, …` for `n` values, for an `IN (…)` list.
+pub(crate) fn placeholders(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The two kinds of row an outcome's compare-and-set moves.
+#[derive(Clone, Copy)]
+pub(crate) enum Settled {
+    Step,
+    Compensation,
+}
+
+impl Settled {
+    pub(crate) fn cas(self) -> &'static str {
+        match self {
+            Settled::Step => outcome_cas!("saga_log"),
+            Settled::Compensation => outcome_cas!("compensations"),
+        }
+    }
+
+    /// The query that reads the row's status, to say why a compare-and-set
+    /// found nothing.
+    pub(crate) fn status_of(self) -> &'static str {
+        match self {
+            Settled::Step => "SELECT status FROM saga_log WHERE run_id = $1 AND step_idx = $2",
+            Settled::Compensation => {
+                "SELECT status FROM compensations WHERE run_id = $1 AND step_idx = $2"
+            }
+        }
+    }
+
+    /// The audit trail's name for the row.
+    pub(crate) fn entity(self) -> &'static str {
+        match self {
+            Settled::Step => "step",
+            Settled::Compensation => "compensation",
+        }
+    }
+
+    pub(crate) fn what(self, run_id: Uuid, step_idx: i64) -> String {
+        match self {
+            Settled::Step => format!("step {step_idx} of run {run_id}"),
+            Settled::Compensation => format!("compensation of step {step_idx} of run {run_id}"),
+        }
+    }
+}
+
 /// The INSERT of a new step's row, up to where a caller makes it
 /// conditional (`FROM …` or `WHERE …`) and adds `RETURNING *`; `$1`–`$11`
 /// are bound by `bind_new_step`.
@@ -98,7 +148,7 @@ macro_rules! saga_store_sql {
         use $crate::saga::model::*;
         use $crate::saga::status::*;
         use $crate::saga::store::{Backend, RunsPage, SagaStore, StoreError, StoreResult};
-        use $crate::store::sql::{corrupt, db, db_error, parse_uuid, EventLine};
+        use $crate::store::sql::{corrupt, db, db_error, parse_uuid, placeholders, EventLine, Settled};
         use chrono::Utc;
         use serde_json::Value;
         use sqlx::types::Json;
@@ -491,6 +541,18 @@ macro_rules! saga_store_sql {
             step_from(&row)
         }
 
+        /// Binds run statuses, in order, to the placeholders `placeholders`
+        /// wrote.
+        fn bind_statuses<'q>(
+            mut query: sqlx::query::Query<'q, $Db, <$Db as sqlx::Database>::Arguments<'q>>,
+            statuses: &[RunStatus],
+        ) -> sqlx::query::Query<'q, $Db, <$Db as sqlx::Database>::Arguments<'q>> {
+            for status in statuses {
+                query = query.bind(status.as_str());
+            }
+            query
+        }
+
         /// Binds `$1`–`$11` of `new_step_insert!`.
         fn bind_new_step<'q>(
             query: sqlx::query::Query<'q, $Db, <$Db as sqlx::Database>::Arguments<'q>>,
@@ -630,19 +692,8 @@ macro_rules! saga_store_sql {
             actor: &Actor,
         ) -> StoreResult<Step> {
             let now = Utc::now();
-            let found = bind_outcome(
-                sqlx::query($crate::store::sql::outcome_cas!("saga_log")),
-                &outcome,
-                now,
-                run_id,
-                step_idx,
-            )
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(db)?;
-            let Some(row) = found else {
-                return Err(step_not_settled(conn, run_id, step_idx, outcome.from).await);
-            };
+            let row =
+                outcome_row(conn, Settled::Step, &outcome, now, actor, run_id, step_idx).await?;
             let mut step = step_from(&row)?;
             // An irreversible call held before the pivot runs on its own
             // approval: counted against the run, and marked as approved.
@@ -663,20 +714,6 @@ macro_rules! saga_store_sql {
                     .map_err(db)?;
                 step.approved_individually = true;
             }
-            append_event(
-                conn,
-                EventLine {
-                    run_id: Some(run_id),
-                    entity: "step",
-                    entity_id: Some(step_idx),
-                    actor,
-                    from: Some(outcome.from.as_str()),
-                    to: Some(outcome.to.as_str()),
-                    detail: settle_event_detail(&outcome),
-                    at: now,
-                },
-            )
-            .await?;
             Ok(step)
         }
 
@@ -699,13 +736,59 @@ macro_rules! saga_store_sql {
         ) -> StoreError {
             missing_or_stale(
                 conn,
-                "SELECT status FROM saga_log WHERE run_id = $1 AND step_idx = $2",
-                format!("step {step_idx} of run {run_id}"),
+                Settled::Step.status_of(),
+                Settled::Step.what(run_id, step_idx),
                 run_id,
                 step_idx,
                 expected,
             )
             .await
+        }
+
+        /// An outcome's compare-and-set on a step or compensation row, with
+        /// its audit line, inside the caller's transaction: the moved row, or
+        /// why nothing moved.
+        async fn outcome_row(
+            conn: &mut DbConn,
+            kind: Settled,
+            outcome: &Outcome,
+            at: chrono::DateTime<Utc>,
+            actor: &Actor,
+            run_id: Uuid,
+            step_idx: i64,
+        ) -> StoreResult<DbRow> {
+            let found = bind_outcome(sqlx::query(kind.cas()), outcome, at, run_id, step_idx)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(db)?;
+            match found {
+                Some(row) => {
+                    append_event(
+                        conn,
+                        EventLine {
+                            run_id: Some(run_id),
+                            entity: kind.entity(),
+                            entity_id: Some(step_idx),
+                            actor,
+                            from: Some(outcome.from.as_str()),
+                            to: Some(outcome.to.as_str()),
+                            detail: settle_event_detail(outcome),
+                            at,
+                        },
+                    )
+                    .await?;
+                    Ok(row)
+                }
+                None => Err(missing_or_stale(
+                    conn,
+                    kind.status_of(),
+                    kind.what(run_id, step_idx),
+                    run_id,
+                    step_idx,
+                    outcome.from,
+                )
+                .await),
+            }
         }
 
         async fn commit(tx: sqlx::Transaction<'_, $Db>) -> StoreResult<()> {
@@ -851,20 +934,14 @@ macro_rules! saga_store_sql {
                     return Ok(Vec::new());
                 }
                 // The status condition is the partial index saga_log_unsettled's.
-                let placeholders: Vec<String> =
-                    (2..statuses.len() + 2).map(|i| format!("${i}")).collect();
                 let sql = format!(
                     "SELECT s.run_id, s.step_idx FROM saga_log s JOIN runs r ON r.id = s.run_id
                      WHERE s.status IN ('INTENDED', 'UNKNOWN') AND s.updated_at <= $1
                        AND r.status IN ({})
                      ORDER BY s.run_id, s.step_idx",
-                    placeholders.join(", ")
+                    placeholders(2, statuses.len())
                 );
-                let mut query = sqlx::query(&sql).bind(before);
-                for status in statuses {
-                    query = query.bind(status.as_str());
-                }
-                query
+                bind_statuses(sqlx::query(&sql).bind(before), statuses)
                     .fetch_all(self.reader())
                     .await
                     .map_err(db)?
@@ -878,16 +955,11 @@ macro_rules! saga_store_sql {
                     return Ok(Vec::new());
                 }
                 // One query for every status: `status IN ($1, …, $n)`.
-                let placeholders: Vec<String> = (1..=statuses.len()).map(|i| format!("${i}")).collect();
                 let sql = format!(
                     "SELECT * FROM runs WHERE status IN ({}) ORDER BY created_at, id",
-                    placeholders.join(", ")
+                    placeholders(1, statuses.len())
                 );
-                let mut query = sqlx::query(&sql);
-                for status in statuses {
-                    query = query.bind(status.as_str());
-                }
-                query
+                bind_statuses(sqlx::query(&sql), statuses)
                     .fetch_all(self.reader())
                     .await
                     .map_err(db)?
@@ -938,6 +1010,16 @@ macro_rules! saga_store_sql {
                 actor: &Actor,
             ) -> StoreResult<Step> {
                 check_step_transition(Lifecycle::Step, outcome.from, outcome.to)?;
+                if approves_individually(&outcome) {
+                    // A held step released by a person also marks the step
+                    // and counts it against the run: the general path.
+                    let mut conn = self.write(durability).await?;
+                    let mut tx = conn.begin().await.map_err(db)?;
+                    Self::lazy_commit(&mut tx, durability).await?;
+                    let step = settle_step_in(&mut tx, run_id, step_idx, outcome, actor).await?;
+                    commit(tx).await?;
+                    return Ok(step);
+                }
                 self.settle_step_alone(run_id, step_idx, outcome, durability, actor).await
             }
 
@@ -1062,39 +1144,14 @@ macro_rules! saga_store_sql {
                 let mut tx = conn.begin().await.map_err(db)?;
                 Self::lazy_commit(&mut tx, durability).await?;
                 let now = Utc::now();
-                let found = bind_outcome(
-                    sqlx::query($crate::store::sql::outcome_cas!("compensations")),
+                let row = outcome_row(
+                    &mut tx,
+                    Settled::Compensation,
                     &outcome,
                     now,
+                    actor,
                     run_id,
                     step_idx,
-                )
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(db)?;
-                let Some(row) = found else {
-                    return Err(missing_or_stale(
-                        &mut tx,
-                        "SELECT status FROM compensations WHERE run_id = $1 AND step_idx = $2",
-                        format!("compensation of step {step_idx} of run {run_id}"),
-                        run_id,
-                        step_idx,
-                        outcome.from,
-                    )
-                    .await);
-                };
-                append_event(
-                    &mut tx,
-                    EventLine {
-                        run_id: Some(run_id),
-                        entity: "compensation",
-                        entity_id: Some(step_idx),
-                        actor,
-                        from: Some(outcome.from.as_str()),
-                        to: Some(outcome.to.as_str()),
-                        detail: outcome.external_ref.clone().or(outcome.error.clone()),
-                        at: now,
-                    },
                 )
                 .await?;
                 // A confirmed compensation settles its step as COMPENSATED in
@@ -1115,15 +1172,7 @@ macro_rules! saga_store_sql {
                     .map_err(db)?
                     .rows_affected();
                     if moved != 1 {
-                        return Err(missing_or_stale(
-                            &mut tx,
-                            "SELECT status FROM saga_log WHERE run_id = $1 AND step_idx = $2",
-                            format!("step {step_idx} of run {run_id}"),
-                            run_id,
-                            step_idx,
-                            StepStatus::Confirmed,
-                        )
-                        .await);
+                        return Err(step_not_settled(&mut tx, run_id, step_idx, StepStatus::Confirmed).await);
                     }
                     append_event(
                         &mut tx,

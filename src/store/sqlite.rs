@@ -163,9 +163,8 @@ impl SqliteStore {
     }
 
     /// An outcome: the compare-and-set and its audit line, at the
-    /// durability asked for (see `settle!`). A held step released by a
-    /// person takes the general path (it also marks the step and counts it
-    /// against the run).
+    /// durability asked for (see `settle!`). (`settle_step` sends a held
+    /// step released by a person down the general path instead.)
     async fn settle_step_alone(
         &self,
         run_id: uuid::Uuid,
@@ -174,13 +173,6 @@ impl SqliteStore {
         durability: Durability,
         actor: &Actor,
     ) -> StoreResult<Step> {
-        if approves_individually(&outcome) {
-            let mut conn = self.write(durability).await?;
-            let mut tx = conn.begin().await.map_err(db)?;
-            let step = settle_step_in(&mut tx, run_id, step_idx, outcome, actor).await?;
-            tx.commit().await.map_err(db)?;
-            return Ok(step);
-        }
         let args = job_args(
             bind_outcome(sqlx::query(""), &outcome, Utc::now(), run_id, step_idx)
                 .bind(actor.to_string())
