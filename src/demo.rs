@@ -317,7 +317,7 @@ impl ScriptedAgent {
         }
     }
 
-    async fn next_step(&self, run: &str) -> anyhow::Result<i64> {
+    async fn new_step(&self, run: &str) -> anyhow::Result<i64> {
         let response = self
             .http
             .get(format!("{}/runs/{run}", self.base))
@@ -325,9 +325,9 @@ impl ScriptedAgent {
             .send()
             .await?;
         let body: Value = response.json().await?;
-        body["next_step"]
+        body["new_step"]
             .as_i64()
-            .ok_or_else(|| anyhow!("run {run} has no next_step: {body}"))
+            .ok_or_else(|| anyhow!("run {run} has no new_step: {body}"))
     }
 
     /// A read: no step number.
@@ -346,7 +346,7 @@ impl ScriptedAgent {
     /// words its arguments differently each time; the step number keeps
     /// the harness from doing anything twice.
     pub async fn act(&self, run: &str, tool: &str, args: Value) -> anyhow::Result<Value> {
-        let step = self.next_step(run).await?;
+        let step = self.new_step(run).await?;
         let mut last = Value::Null;
         for attempt in 0..3 {
             let (status, body) = self

@@ -1177,7 +1177,7 @@ async fn the_seed_incident(s: Setup) {
         .unwrap();
     // The card is charged, and the engine dies before the outcome commit.
     let key = saga_harness::saga::key::step_key(run.id, 1, "charge_card");
-    let args = json!({"amount": 4999, "receipt": false});
+    let args = json!({"amount": 4999, "receipt": false, "email": "ada@example.com"});
     s.store
         .record_step(
             NewStep {
@@ -1242,13 +1242,253 @@ async fn the_seed_incident(s: Setup) {
         "nothing undone that never happened"
     );
     assert_eq!(s.world.open_tickets(), 0);
-    let corrections = s.store.corrections(run.id).await.unwrap();
-    assert!(
-        corrections
-            .iter()
-            .all(|c| c.audience != saga_harness::saga::class::Audience::Customer),
-        "no customer letter for a refund the customer never saw: {corrections:?}"
+    // Who each correction is addressed to: the charge was seen by finance
+    // only, so its correction goes to finance and never to the customer.
+    let addressed: Vec<Vec<String>> = s
+        .store
+        .corrections(run.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.recipients)
+        .collect();
+    assert_eq!(
+        addressed,
+        vec![vec!["finance@example.com".to_owned()]],
+        "no letter to a customer who never saw the charge"
     );
+}
+
+async fn r10_a_refund_the_customer_saw_is_corrected_to_the_customer_only(s: Setup) {
+    let run = s.run().await;
+    let args = json!({"amount": 900, "receipt": true, "email": "ada@example.com"});
+    let charged = s
+        .engine
+        .call(AGENT, run.id, "charge_card", args, Some(0))
+        .await
+        .unwrap();
+    assert_eq!(charged.outcome, OutcomeKind::Confirmed);
+    s.engine
+        .unwind(run.id, &Actor::Agent(AGENT.into()), "wrong customer")
+        .await
+        .unwrap();
+    let addressed: Vec<Vec<String>> = s
+        .store
+        .corrections(run.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.recipients)
+        .collect();
+    assert_eq!(addressed, vec![vec!["ada@example.com".to_owned()]]);
+}
+
+async fn r12_an_unknown_step_stays_next_until_the_agent_has_its_outcome(s: Setup) {
+    let run = s.run().await;
+    s.world.fail_next("tickets.create", Fault::EffectThen504);
+    let first = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "Kettle broken"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.outcome, OutcomeKind::Unknown);
+    assert_eq!(
+        (first.next_step, first.new_step),
+        (0, 1),
+        "the unknown step is the one to send next"
+    );
+    let (_, _, cursor) = s.engine.agents_view(AGENT, run.id).await.unwrap();
+    assert_eq!(
+        (cursor.next_step, cursor.new_step),
+        (0, 1),
+        "the run's view agrees"
+    );
+    // An agent that trusts next_step re-sends step 0, reworded, and gets
+    // its real outcome: no second ticket.
+    let retried = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "Please open a ticket: kettle"}),
+            Some(first.next_step),
+        )
+        .await
+        .unwrap();
+    assert_eq!(retried.outcome, OutcomeKind::Confirmed);
+    assert_eq!(
+        (retried.next_step, retried.new_step),
+        (1, 1),
+        "given its outcome, the cursor advances"
+    );
+    assert_eq!(s.world.effects("tickets.create").len(), 1, "one ticket");
+}
+
+async fn r12_a_reworded_retry_at_a_new_step_is_refused_while_the_first_is_owed(s: Setup) {
+    let run = s.run().await;
+    s.world.fail_next("tickets.create", Fault::EffectThen504);
+    let first = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "Kettle broken"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.outcome, OutcomeKind::Unknown);
+    // The model rewords and takes a new step: refused, naming step 0.
+    let refused = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "Open a ticket for the kettle"}),
+            Some(1),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), "retry_of_unresolved_step");
+    let message = refused.to_string();
+    assert!(message.contains("re-send step 0"), "{message}");
+    assert!(message.contains("it is unknown now"), "{message}");
+    assert_eq!(
+        s.world.effects("tickets.create").len(),
+        1,
+        "still one ticket"
+    );
+    // Another tool at the new step is not a retry of step 0.
+    let charged = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "charge_card",
+            json!({"amount": 100, "receipt": false}),
+            Some(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(charged.outcome, OutcomeKind::Confirmed);
+    assert_eq!(
+        (charged.next_step, charged.new_step),
+        (0, 2),
+        "step 0 is still owed"
+    );
+    // A second ticket on purpose: allowed, and recorded.
+    let second = s
+        .engine
+        .call_with(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "A second, separate ticket"}),
+            Some(2),
+            true,
+        )
+        .await
+        .unwrap();
+    assert_eq!(second.outcome, OutcomeKind::Confirmed);
+    assert_eq!(s.world.effects("tickets.create").len(), 2);
+    let events = s.store.events(Some(run.id), 100).await.unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.actor == Actor::Agent(AGENT.into()).to_string()
+                && e.detail
+                    .as_deref()
+                    .is_some_and(|d| d.contains("sent as a new effect while step 0"))),
+        "the override is in the audit trail: {events:?}"
+    );
+}
+
+async fn r12_reading_the_run_gives_the_agent_a_final_outcome(s: Setup) {
+    let run = s.run().await;
+    s.world.fail_next("tickets.create", Fault::EffectThen504);
+    let first = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "Kettle broken"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.outcome, OutcomeKind::Unknown);
+    // The sweep settles it while the agent is away.
+    let step = s.store.step(run.id, 0).await.unwrap().unwrap();
+    let settled = s.engine.reconcile(step).await.unwrap();
+    assert_eq!(settled.status, StepStatus::Confirmed);
+    assert!(
+        settled.owed_to_agent,
+        "settled, but the agent has not read it yet"
+    );
+    let (_, steps, cursor) = s.engine.agents_view(AGENT, run.id).await.unwrap();
+    assert_eq!(steps[0].status, StepStatus::Confirmed);
+    assert_eq!(
+        (cursor.next_step, cursor.new_step),
+        (1, 1),
+        "read in the run, it is given"
+    );
+    let next = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "A follow-up ticket"}),
+            Some(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(next.outcome, OutcomeKind::Confirmed);
+}
+
+async fn r12_a_step_waiting_for_a_person_says_so_to_a_new_step(s: Setup) {
+    let run = s.run().await;
+    let held = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "email_customer",
+            json!({"to": "ana@example.com", "body": "hi"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(held.outcome, OutcomeKind::AwaitingApproval);
+    assert_eq!((held.next_step, held.new_step), (0, 1));
+    let refused = s
+        .engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "x"}),
+            Some(1),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), "step_unresolved");
+    let message = refused.to_string();
+    assert!(
+        message.contains("waits for a person's approval"),
+        "{message}"
+    );
+    assert!(!message.contains("resolving"), "{message}");
 }
 
 /// An email approved before the pivot and sent, then the run unwound: the
@@ -1621,6 +1861,11 @@ common::on_both_backends!(
     r9_a_person_may_unwind_a_run_whose_commit_waits_for_them,
     r8_an_unwind_that_dies_halfway_resumes_without_doubling,
     the_seed_incident,
+    r10_a_refund_the_customer_saw_is_corrected_to_the_customer_only,
+    r12_an_unknown_step_stays_next_until_the_agent_has_its_outcome,
+    r12_a_reworded_retry_at_a_new_step_is_refused_while_the_first_is_owed,
+    r12_reading_the_run_gives_the_agent_a_final_outcome,
+    r12_a_step_waiting_for_a_person_says_so_to_a_new_step,
     r10_a_correction_is_signed_off_then_sent_once,
     r10_an_unknown_send_is_a_question_not_a_second_letter,
     r11_resume_continues_committing_and_unwinding_runs_from_the_log,

@@ -226,6 +226,96 @@ async fn the_seed_incident_over_real_http(db: common::TestDb) {
         sims.warehouse.ledger().effects().is_empty(),
         "nothing shipped"
     );
+    // The inbox: the charge was made without a receipt, so only finance
+    // saw it; no correction is addressed to the customer.
+    let corrections = harness.app_state.store.corrections(run_uuid).await.unwrap();
+    let addressed: Vec<&[String]> = corrections
+        .iter()
+        .map(|c| c.recipients.as_slice())
+        .collect();
+    assert_eq!(
+        addressed,
+        vec![["finance@example.com".to_owned()].as_slice()],
+        "{corrections:?}"
+    );
+}
+
+/// R12 against the Jira simulator: the gateway answers 504 after the issue
+/// was created. A model that trusts `next_step` re-sends the step and gets
+/// the real outcome; one that takes a new step, reworded, is refused.
+async fn a_reworded_retry_never_opens_a_second_jira_issue(db: common::TestDb) {
+    use_simulated_credentials();
+    let sims = Simulators::start("127.0.0.1".parse().unwrap(), 0)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = dir.path().join("tools.toml");
+    let shipped = std::fs::read_to_string("tools/support.toml").unwrap();
+    std::fs::write(&tools, sims.point(&shipped).unwrap()).unwrap();
+    let token = saga_harness::auth::new_api_token();
+    let http = reqwest::Client::new();
+    let harness = start_harness(&db.url, tools, Some(&token)).await;
+    let run = call(
+        &http,
+        &harness,
+        &token,
+        "/runs",
+        json!({"purpose": "kettle"}),
+    )
+    .await;
+    let calls = format!("/runs/{}/calls", run["run"]["id"].as_str().unwrap());
+
+    sims.jira.state.faults.inject(FaultRule::new(
+        "POST",
+        "/rest/api/3/issue",
+        Fault::CommitThen504,
+    ));
+    let first = call(
+        &http,
+        &harness,
+        &token,
+        &calls,
+        json!({"tool": "create_ticket", "args": {"summary": "Kettle arrived broken"}, "step": 0}),
+    )
+    .await;
+    assert_eq!(first["outcome"], "unknown", "{first}");
+    assert_eq!(first["next_step"], 0, "{first}");
+
+    // A new step, reworded: refused with the step to re-send.
+    let refused = http
+        .post(format!("{}{calls}", harness.base))
+        .bearer_auth(&token)
+        .json(&json!({"tool": "create_ticket", "args": {"summary": "Open a ticket: broken kettle"}, "step": first["new_step"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 409);
+    let refused: Value = refused.json().await.unwrap();
+    assert_eq!(refused["code"], "retry_of_unresolved_step", "{refused}");
+    assert_eq!(refused["step"], 0, "{refused}");
+
+    // The step the answer named, reworded: its real outcome.
+    let retried = call(&http, &harness, &token, &calls,
+        json!({"tool": "create_ticket", "args": {"summary": "Customer's kettle is damaged"}, "step": first["next_step"]})).await;
+    assert_eq!(retried["outcome"], "confirmed", "{retried}");
+    assert_eq!(retried["next_step"], 1, "{retried}");
+    assert_eq!(
+        sims.jira.ledger().of("issue.created").len(),
+        1,
+        "one Jira issue"
+    );
+}
+
+#[tokio::test]
+async fn sqlite_a_reworded_retry_never_opens_a_second_jira_issue() {
+    a_reworded_retry_never_opens_a_second_jira_issue(common::sqlite()).await;
+}
+
+#[tokio::test]
+async fn postgres_a_reworded_retry_never_opens_a_second_jira_issue() {
+    if let Some(db) = common::postgres().await {
+        a_reworded_retry_never_opens_a_second_jira_issue(db).await;
+    }
 }
 
 #[tokio::test]

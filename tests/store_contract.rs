@@ -1109,8 +1109,9 @@ async fn a_claimed_run_comes_with_its_unsettled_steps(store: Store) {
         .await
         .unwrap();
     let claimed = store.claim_and_read(run.id).await.unwrap();
-    assert_eq!(claimed.run.as_ref().unwrap().next_step, 3);
+    assert_eq!(claimed.read.run.as_ref().unwrap().next_step, 3);
     let unsettled: Vec<_> = claimed
+        .read
         .unsettled
         .iter()
         .map(|s| (s.step_idx, s.status))
@@ -1120,12 +1121,12 @@ async fn a_claimed_run_comes_with_its_unsettled_steps(store: Store) {
         [(1, StepStatus::Intended), (2, StepStatus::AwaitingApproval)]
     );
     assert_eq!(
-        claimed.unsettled,
+        claimed.read.unsettled,
         store.unsettled_steps(run.id).await.unwrap()
     );
     drop(claimed);
     let missing = store.claim_and_read(uuid::Uuid::new_v4()).await.unwrap();
-    assert!(missing.run.is_none() && missing.unsettled.is_empty());
+    assert!(missing.read.run.is_none() && missing.read.unsettled.is_empty());
 }
 
 /// The stale-step sweep's query: INTENDED and UNKNOWN steps old enough, in
@@ -1327,9 +1328,9 @@ async fn postgres_run_claims_are_exclusive_and_never_left_behind() {
         .expect("the waiting claim never got the run")
         .unwrap()
         .unwrap();
-    assert_eq!(claimed.run.as_ref().unwrap().next_step, 1);
-    assert_eq!(claimed.unsettled.len(), 1);
-    assert_eq!(claimed.unsettled[0].status, StepStatus::Intended);
+    assert_eq!(claimed.read.run.as_ref().unwrap().next_step, 1);
+    assert_eq!(claimed.read.unsettled.len(), 1);
+    assert_eq!(claimed.read.unsettled[0].status, StepStatus::Intended);
     drop(claimed);
     // Give up while waiting, several times over: each abandoned wait must
     // not end up holding the run.

@@ -127,6 +127,10 @@ pub struct ErrorBody {
     /// `unauthorized`, `run_not_found`, `step_unresolved`, `invalid_body` …
     code: String,
     message: String,
+    /// For `step_unresolved` and `retry_of_unresolved_step`: the step to
+    /// re-send unchanged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    step: Option<i64>,
 }
 
 /// Every error the API returns: a status, a stable code, a message that
@@ -136,6 +140,7 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    step: Option<i64>,
 }
 
 impl ApiError {
@@ -144,6 +149,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            step: None,
         }
     }
 
@@ -162,6 +168,7 @@ impl IntoResponse for ApiError {
         let body = ErrorBody {
             code: self.code.to_owned(),
             message: self.message,
+            step: self.step,
         };
         (self.status, Json(body)).into_response()
     }
@@ -178,6 +185,7 @@ impl From<Refusal> for ApiError {
             Refusal::StepMismatch { .. }
             | Refusal::StepOutOfOrder { .. }
             | Refusal::StepUnresolved { .. }
+            | Refusal::RetryOfUnresolvedStep { .. }
             | Refusal::RunAwaitingApproval
             | Refusal::RunPastPivot
             | Refusal::RunClosed { .. }
@@ -195,7 +203,16 @@ impl From<Refusal> for ApiError {
             }
             Refusal::Store(_) => return ApiError::internal(refusal),
         };
-        ApiError::new(status, refusal.code(), refusal.to_string())
+        let step = match &refusal {
+            Refusal::StepUnresolved { step, .. } | Refusal::RetryOfUnresolvedStep { step, .. } => {
+                Some(*step)
+            }
+            _ => None,
+        };
+        ApiError {
+            step,
+            ..ApiError::new(status, refusal.code(), refusal.to_string())
+        }
     }
 }
 
@@ -350,7 +367,11 @@ struct RunCreated {
 #[derive(Debug, Serialize, ToSchema)]
 struct RunView {
     run: Run,
+    /// The step to send next (R12): the oldest step whose final outcome the
+    /// agent has not been given, to re-send unchanged; else a new step.
     next_step: i64,
+    /// The index a new effect takes.
+    new_step: i64,
     steps: Vec<Step>,
     pivot: Option<Approval>,
 }
@@ -399,14 +420,14 @@ async fn read_run(
     Agent(agent): Agent,
     RunPath(raw): RunPath,
 ) -> Result<Json<RunView>, ApiError> {
-    let run = state.engine.agents_run(&agent, run_id(&raw)?).await?;
-    let steps = state.store.steps(run.id).await?;
+    let (run, steps, cursor) = state.engine.agents_view(&agent, run_id(&raw)?).await?;
     let pivot = match run.pivot_approval_id {
         Some(id) => state.store.approval(id).await?,
         None => None,
     };
     Ok(Json(RunView {
-        next_step: run.next_step,
+        next_step: cursor.next_step,
+        new_step: cursor.new_step,
         run,
         steps,
         pivot,
@@ -419,16 +440,21 @@ struct CallRequest {
     tool: String,
     #[serde(default)]
     args: Value,
-    /// Required for tools with side effects: the run's `next_step` for a new
+    /// Required for tools with side effects: the run's `new_step` for a new
     /// step, or an existing step to read (or resolve) its outcome.
     step: Option<i64>,
+    /// A new step of a tool whose earlier step is still owed its outcome is
+    /// refused as a likely retry (`retry_of_unresolved_step`); `true` says a
+    /// second effect is meant, and is recorded.
+    #[serde(default)]
+    new_effect: bool,
 }
 
 #[utoipa::path(post, path = "/api/v1/runs/{run}/calls", tag = "runs", params(("run" = String, Path, description = "The run id (a UUID) from POST /api/v1/runs")),
     request_body = CallRequest,
     responses(
         (status = 200, description = "The tool's outcome (confirmed, failed, unknown, not_executed, awaiting_approval, rejected); never an HTTP error", body = CallOutcome),
-        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
+        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn call(
     State(state): State<AppState>,
     Agent(agent): Agent,
@@ -444,7 +470,14 @@ async fn call(
     }
     let outcome = state
         .engine
-        .call(&agent, run_id(&raw)?, &body.tool, body.args, body.step)
+        .call_with(
+            &agent,
+            run_id(&raw)?,
+            &body.tool,
+            body.args,
+            body.step,
+            body.new_effect,
+        )
         .await?;
     Ok(Json(outcome))
 }
@@ -460,7 +493,7 @@ struct PivotRequest {
     request_body = PivotRequest,
     responses(
         (status = 200, description = "The plan waits for a person's approval", body = PivotProposed),
-        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
+        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn propose_pivot(
     State(state): State<AppState>,
     Agent(agent): Agent,
@@ -504,7 +537,7 @@ struct UnwindRequest {
     request_body = UnwindRequest,
     responses(
         (status = 200, description = "The run after its unwind (UNWOUND, or NEEDS_ATTENTION when a compensation needs a person)", body = Run),
-        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
+        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn unwind(
     State(state): State<AppState>,
     Agent(agent): Agent,
@@ -529,7 +562,7 @@ async fn unwind(
 #[utoipa::path(post, path = "/api/v1/runs/{run}/complete", tag = "runs", params(("run" = String, Path, description = "The run id (a UUID) from POST /api/v1/runs")),
     responses(
         (status = 200, description = "The completed run", body = Run),
-        (status = 400, description = "Not a run id", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
+        (status = 400, description = "Not a run id", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn complete(
     State(state): State<AppState>,
     Agent(agent): Agent,

@@ -96,7 +96,7 @@ impl ConnectorSet {
         let mut missing = Vec::new();
         for spec in registry.tools() {
             let mut operations = vec![spec.connector.clone()];
-            operations.extend(spec.correction_channel().map(str::to_owned));
+            operations.extend(spec.correction_channels().into_iter().map(str::to_owned));
             for operation in operations {
                 if !self.routes.contains_key(&operation) {
                     missing.push(format!(

@@ -47,7 +47,10 @@ impl Engine {
             return Ok(correction);
         }
         let spec = self.spec(&correction.tool)?;
-        let Some(channel) = spec.correction_channel().map(str::to_owned) else {
+        let Some(channel) = spec
+            .correction_channel(correction.audience)
+            .map(str::to_owned)
+        else {
             return Err(StoreError::Invalid(format!(
                 "{} declares no channel for its corrections",
                 correction.tool

@@ -15,7 +15,7 @@ use super::key::step_key;
 use super::model::*;
 use super::registry::{Registry, ToolSpec};
 use super::status::{ApprovalStatus, RunStatus, StepStatus};
-use super::store::{RunClaim, SagaStore, StoreError};
+use super::store::{ClaimedRead, RunClaim, SagaStore, StoreError};
 use serde::Serialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -48,7 +48,64 @@ pub struct CallOutcome {
     pub error: Option<String>,
     /// Written for a model: what to do next.
     pub message: String,
+    /// The step to send next (R12): the oldest step still owed to the agent
+    /// (its last answer was unknown, not executed or awaiting approval),
+    /// to be re-sent unchanged; else the index a new step takes.
     pub next_step: i64,
+    /// The index a new effect takes, whatever is owed.
+    pub new_step: i64,
+}
+
+impl OutcomeKind {
+    /// Whether this answer gives the agent the step's final outcome; any
+    /// other leaves the step owed to the agent (R12).
+    pub fn is_final(&self) -> bool {
+        matches!(
+            self,
+            OutcomeKind::Confirmed | OutcomeKind::Failed | OutcomeKind::Rejected
+        )
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            OutcomeKind::Confirmed => "confirmed",
+            OutcomeKind::Failed => "failed",
+            OutcomeKind::Unknown => "unknown",
+            OutcomeKind::NotExecuted => "not_executed",
+            OutcomeKind::AwaitingApproval => "awaiting_approval",
+            OutcomeKind::Rejected => "rejected",
+        }
+    }
+
+    /// What the agent is told of a step in this status.
+    pub fn of(status: StepStatus) -> OutcomeKind {
+        match status {
+            StepStatus::Confirmed | StepStatus::Compensated => OutcomeKind::Confirmed,
+            StepStatus::Failed => OutcomeKind::Failed,
+            StepStatus::Intended | StepStatus::Unknown => OutcomeKind::Unknown,
+            StepStatus::NotExecuted => OutcomeKind::NotExecuted,
+            StepStatus::AwaitingApproval => OutcomeKind::AwaitingApproval,
+            StepStatus::Rejected => OutcomeKind::Rejected,
+        }
+    }
+}
+
+/// Where a run's step cursor stands for its agent (R12).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    /// The step to send next: the oldest owed step, else `new_step`.
+    pub next_step: i64,
+    /// The index a new effect takes.
+    pub new_step: i64,
+}
+
+impl Cursor {
+    fn of(new_step: i64, owed: impl IntoIterator<Item = i64>) -> Cursor {
+        Cursor {
+            next_step: owed.into_iter().min().unwrap_or(new_step).min(new_step),
+            new_step,
+        }
+    }
 }
 
 /// A call the harness refuses; `code` is machine-readable (§5).
@@ -62,16 +119,29 @@ pub enum Refusal {
         "{tool} has side effects: name the step you mean (the run's next step is {next_step})"
     )]
     StepRequired { tool: String, next_step: i64 },
-    #[error("step {step} was {logged}, not {tool}: a step keeps its tool")]
+    #[error("step {step} was {logged}, not {tool}: a step keeps its tool. A new call takes step {new_step}")]
     StepMismatch {
         step: i64,
         logged: String,
         tool: String,
+        new_step: i64,
     },
     #[error("step {step} is beyond the run's next step {next_step}")]
     StepOutOfOrder { step: i64, next_step: i64 },
-    #[error("step {step} is still unsettled; the harness is resolving it. Re-send step {step} to read its outcome")]
-    StepUnresolved { step: i64 },
+    #[error("{}", unresolved_message(*step, *waiting_for_person))]
+    StepUnresolved { step: i64, waiting_for_person: bool },
+    /// R12: a new step of a tool whose earlier step is still owed to the
+    /// agent is most likely a reworded retry of that step.
+    #[error(
+        "step {step} ({tool}) has not been given its final outcome yet (it is {outcome} now): \
+         re-send step {step} unchanged to read it. A new call of {tool} now would most likely \
+         repeat that effect; if a second {tool} is really meant, send it with \"new_effect\": true"
+    )]
+    RetryOfUnresolvedStep {
+        step: i64,
+        tool: String,
+        outcome: &'static str,
+    },
     #[error("the run waits for its pivot to be approved and takes no other calls")]
     RunAwaitingApproval,
     #[error("the run is past its pivot: the approved commit steps run without the agent")]
@@ -99,6 +169,7 @@ impl Refusal {
             Refusal::StepMismatch { .. } => "step_mismatch",
             Refusal::StepOutOfOrder { .. } => "step_out_of_order",
             Refusal::StepUnresolved { .. } => "step_unresolved",
+            Refusal::RetryOfUnresolvedStep { .. } => "retry_of_unresolved_step",
             Refusal::RunAwaitingApproval => "run_awaiting_approval",
             Refusal::RunPastPivot => "run_past_pivot",
             Refusal::RunClosed { .. } => "run_closed",
@@ -108,6 +179,20 @@ impl Refusal {
             Refusal::RunHasOpenEffects(_) => "run_has_open_effects",
             Refusal::Store(_) => "internal",
         }
+    }
+}
+
+fn unresolved_message(step: i64, waiting_for_person: bool) -> String {
+    if waiting_for_person {
+        format!(
+            "step {step} waits for a person's approval; nothing new runs until it is decided. \
+             Re-send step {step} later to read the decision"
+        )
+    } else {
+        format!(
+            "step {step} is still unsettled; the harness is resolving it. \
+             Re-send step {step} to read its outcome"
+        )
     }
 }
 
@@ -175,17 +260,14 @@ impl Engine {
 
     /// `serialise`, and the run with its unsettled steps, read under the
     /// claim (one round trip on PostgreSQL).
-    async fn serialise_and_read(
-        &self,
-        run_id: Uuid,
-    ) -> Result<(RunGuard, Option<Run>, Vec<Step>), Refusal> {
+    async fn serialise_and_read(&self, run_id: Uuid) -> Result<(RunGuard, ClaimedRead), Refusal> {
         let local = self.run_lock(run_id).lock_owned().await;
         let claimed = self.store.claim_and_read(run_id).await?;
         let guard = RunGuard {
             _claim: claimed.claim,
             _local: local,
         };
-        Ok((guard, claimed.run, claimed.unsettled))
+        Ok((guard, claimed.read))
     }
 
     fn run_lock(&self, run_id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
@@ -210,7 +292,27 @@ impl Engine {
         args: Value,
         step: Option<i64>,
     ) -> Result<CallOutcome, Refusal> {
-        let (_serialised, run, unsettled) = self.serialise_and_read(run_id).await?;
+        self.call_with(agent, run_id, tool, args, step, false).await
+    }
+
+    /// An agent's tool call; `new_effect` says a new step of a tool whose
+    /// earlier step is still owed to the agent is meant as a second effect,
+    /// not a retry (R12), and is recorded in the audit trail.
+    pub async fn call_with(
+        &self,
+        agent: &str,
+        run_id: Uuid,
+        tool: &str,
+        args: Value,
+        step: Option<i64>,
+        new_effect: bool,
+    ) -> Result<CallOutcome, Refusal> {
+        let (_serialised, read) = self.serialise_and_read(run_id).await?;
+        let ClaimedRead {
+            run,
+            unsettled,
+            owed,
+        } = read;
         let run = run
             .filter(|r| r.agent == agent)
             .ok_or(Refusal::RunNotFound)?;
@@ -218,12 +320,14 @@ impl Engine {
         if spec.way_back_only {
             return Err(Refusal::WayBackOnly(tool.to_owned()));
         }
+        let owed_steps = || owed.iter().map(|s| s.step_idx);
         if spec.class == ToolClass::Pure {
-            return self.call_pure(&run, spec, &args).await;
+            let cursor = Cursor::of(run.next_step, owed_steps());
+            return self.call_pure(cursor, spec, &args).await;
         }
         let step = step.ok_or_else(|| Refusal::StepRequired {
             tool: tool.to_owned(),
-            next_step: run.next_step,
+            next_step: Cursor::of(run.next_step, owed_steps()).next_step,
         })?;
         if step < run.next_step {
             let logged = self
@@ -239,6 +343,7 @@ impl Engine {
                     step,
                     logged: logged.tool,
                     tool: tool.to_owned(),
+                    new_step: run.next_step,
                 });
             }
             // The logged arguments win: a reworded retry never changes them.
@@ -250,7 +355,8 @@ impl Engine {
             } else {
                 self.reconcile(logged).await?
             };
-            return Ok(self.outcome_of(&settled, run.next_step));
+            let others = owed_steps().filter(|&idx| idx != step);
+            return self.answer_agent(&settled, run.next_step, others).await;
         }
         if step > run.next_step {
             return Err(Refusal::StepOutOfOrder {
@@ -263,6 +369,28 @@ impl Engine {
             RunStatus::AwaitingApproval => return Err(Refusal::RunAwaitingApproval),
             RunStatus::Committing | RunStatus::Completed => return Err(Refusal::RunPastPivot),
             status => return Err(Refusal::RunClosed { status }),
+        }
+        // R12: a new step of a tool whose earlier step the agent has not
+        // been given the final outcome of is most likely that step again,
+        // reworded; it is refused unless the agent says it is a new effect.
+        if let Some(prior) = owed.iter().find(|s| s.tool == tool) {
+            if !new_effect {
+                return Err(Refusal::RetryOfUnresolvedStep {
+                    step: prior.step_idx,
+                    tool: tool.to_owned(),
+                    outcome: OutcomeKind::of(prior.status).as_str(),
+                });
+            }
+            self.store
+                .note(
+                    run_id,
+                    &Actor::Agent(agent.to_owned()),
+                    &format!(
+                        "step {step} ({tool}) sent as a new effect while step {} of the same tool was still owed its outcome",
+                        prior.step_idx
+                    ),
+                )
+                .await?;
         }
         self.settle_earlier_steps(unsettled).await?;
         if spec.gated {
@@ -320,13 +448,54 @@ impl Engine {
                     &actor,
                 )
                 .await?;
-            return Ok(self.outcome_of(&held, step + 1));
+            return self.answer_agent(&held, step + 1, owed_steps()).await;
         }
         crate::failpoint::hit("dispatch.before_intent");
         // R2: the row is committed before anything is sent.
         let logged = self.store.record_step(new, &actor).await?;
         let settled = self.execute_logged(logged, &actor).await?;
-        Ok(self.outcome_of(&settled, step + 1))
+        self.answer_agent(&settled, step + 1, owed_steps()).await
+    }
+
+    /// The answer to the agent about a step, recording whether the step is
+    /// still owed to it (R12); `others` are the run's other owed steps.
+    async fn answer_agent(
+        &self,
+        step: &Step,
+        new_step: i64,
+        others: impl Iterator<Item = i64>,
+    ) -> Result<CallOutcome, Refusal> {
+        let kind = OutcomeKind::of(step.status);
+        let owed = !kind.is_final();
+        if owed != step.owed_to_agent {
+            self.store
+                .set_owed_to_agent(step.run_id, step.step_idx, owed)
+                .await?;
+        }
+        let this = owed.then_some(step.step_idx);
+        Ok(self.outcome_of(step, Cursor::of(new_step, others.chain(this))))
+    }
+
+    /// What a resuming agent reads (§5): the run, its log and its cursor.
+    /// Reading a step's final outcome here gives it to the agent (R12).
+    pub async fn agents_view(
+        &self,
+        agent: &str,
+        run_id: Uuid,
+    ) -> Result<(Run, Vec<Step>, Cursor), Refusal> {
+        let run = self.agents_run(agent, run_id).await?;
+        let mut steps = self.store.steps(run_id).await?;
+        for step in steps.iter_mut().filter(|s| s.owed_to_agent) {
+            if OutcomeKind::of(step.status).is_final() {
+                self.store
+                    .set_owed_to_agent(run_id, step.step_idx, false)
+                    .await?;
+                step.owed_to_agent = false;
+            }
+        }
+        let owed = steps.iter().filter(|s| s.owed_to_agent).map(|s| s.step_idx);
+        let cursor = Cursor::of(run.next_step, owed);
+        Ok((run, steps, cursor))
     }
 
     /// The agent says the run is done. Refused while a step is unsettled or
@@ -370,7 +539,7 @@ impl Engine {
 
     async fn call_pure(
         &self,
-        run: &Run,
+        cursor: Cursor,
         spec: &ToolSpec,
         args: &Value,
     ) -> Result<CallOutcome, Refusal> {
@@ -409,7 +578,8 @@ impl Engine {
             result,
             error,
             message,
-            next_step: run.next_step,
+            next_step: cursor.next_step,
+            new_step: cursor.new_step,
         })
     }
 
@@ -432,7 +602,10 @@ impl Engine {
             // call to make, by re-sending it.
             let after = self.reconcile(step).await?;
             if !after.status.is_settled() {
-                return Err(Refusal::StepUnresolved { step: idx });
+                return Err(Refusal::StepUnresolved {
+                    step: idx,
+                    waiting_for_person: after.status == StepStatus::AwaitingApproval,
+                });
             }
         }
         Ok(())
@@ -763,9 +936,8 @@ impl Engine {
         Ok(step)
     }
 
-    /// What the agent is told about a step; `next_step` is the run's, which
-    /// the caller already knows.
-    fn outcome_of(&self, step: &Step, next_step: i64) -> CallOutcome {
+    /// What the agent is told about a step, with the run's cursor.
+    fn outcome_of(&self, step: &Step, cursor: Cursor) -> CallOutcome {
         let (outcome, message) = match step.status {
             StepStatus::Confirmed | StepStatus::Compensated => (OutcomeKind::Confirmed, "done".to_owned()),
             StepStatus::Failed => (
@@ -804,7 +976,8 @@ impl Engine {
             result: step.result.clone(),
             error: step.error.clone(),
             message,
-            next_step,
+            next_step: cursor.next_step,
+            new_step: cursor.new_step,
         }
     }
 }

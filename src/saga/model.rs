@@ -93,6 +93,10 @@ pub struct Step {
     pub phase: Phase,
     /// An irreversible step run before the pivot on its own approval.
     pub approved_individually: bool,
+    /// R12: the step's last answer to the agent was not final (unknown, not
+    /// executed, awaiting approval); the agent has yet to be given its
+    /// final outcome.
+    pub owed_to_agent: bool,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }

@@ -29,6 +29,46 @@ pub struct CorrectionTemplate {
     pub via: Option<String>,
 }
 
+/// A tool's corrections (R10): one per audience that can see its effect,
+/// each to the people of that audience. The one-correction form
+/// (`correction = { template, recipients }`) is for the tool's declared
+/// `audience` only; a tool whose audience rules reach several audiences
+/// declares one per audience (`correction.customer = { … }`), and an
+/// audience with none declared gets no correction.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Corrections {
+    ForDeclaredAudience(CorrectionTemplate),
+    PerAudience(BTreeMap<Audience, CorrectionTemplate>),
+}
+
+impl<'de> Deserialize<'de> for Corrections {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let table = toml::Table::deserialize(deserializer)?;
+        let one_form = ["template", "recipients", "via"];
+        if table.keys().any(|k| one_form.contains(&k.as_str())) {
+            return toml::Value::Table(table)
+                .try_into()
+                .map(Corrections::ForDeclaredAudience)
+                .map_err(D::Error::custom);
+        }
+        let mut per_audience = BTreeMap::new();
+        for (name, declared) in table {
+            let audience: Audience = name.parse().map_err(|_| {
+                D::Error::custom(format!(
+                    "`{name}` is neither a field of a correction (template, recipients, via) \
+                     nor an audience (partner, finance, customer, public)"
+                ))
+            })?;
+            let template: CorrectionTemplate = declared
+                .try_into()
+                .map_err(|e| D::Error::custom(format!("correction.{name}: {e}")))?;
+            per_audience.insert(audience, template);
+        }
+        Ok(Corrections::PerAudience(per_audience))
+    }
+}
+
 /// `audience` applies when argument `arg` equals `equals`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,7 +93,7 @@ pub struct ToolSpec {
     pub audience_when: Vec<AudienceRule>,
     pub undo: Option<CallTemplate>,
     pub compensation: Option<CallTemplate>,
-    pub correction: Option<CorrectionTemplate>,
+    pub correction: Option<Corrections>,
     /// Runs only as a commit step of an approved pivot (R9).
     #[serde(default)]
     pub gated: bool,
@@ -67,9 +107,54 @@ pub struct ToolSpec {
 }
 
 impl ToolSpec {
-    /// The connector operation that sends this tool's corrections.
-    pub fn correction_channel(&self) -> Option<&str> {
-        let correction = self.correction.as_ref()?;
+    /// The correction declared for the people of one audience, if any: an
+    /// audience with none declared gets none (R10).
+    pub fn correction_to(&self, audience: Audience) -> Option<&CorrectionTemplate> {
+        match self.correction.as_ref()? {
+            Corrections::ForDeclaredAudience(one) => (audience == self.audience).then_some(one),
+            Corrections::PerAudience(each) => each.get(&audience),
+        }
+    }
+
+    /// Every declared correction, with the audience it goes to.
+    pub fn corrections(&self) -> Vec<(Audience, &CorrectionTemplate)> {
+        match &self.correction {
+            None => Vec::new(),
+            Some(Corrections::ForDeclaredAudience(one)) => vec![(self.audience, one)],
+            Some(Corrections::PerAudience(each)) => each.iter().map(|(a, c)| (*a, c)).collect(),
+        }
+    }
+
+    /// The audiences this tool's effect can reach: the declared one and
+    /// those its rules widen to.
+    pub fn reachable_audiences(&self) -> Vec<Audience> {
+        let mut reach: Vec<Audience> = std::iter::once(self.audience)
+            .chain(self.audience_when.iter().map(|rule| rule.audience))
+            .collect();
+        reach.sort_unstable();
+        reach.dedup();
+        reach
+    }
+
+    /// The connector operation that sends this tool's correction to one
+    /// audience.
+    pub fn correction_channel(&self, audience: Audience) -> Option<&str> {
+        self.channel_of(self.correction_to(audience)?)
+    }
+
+    /// Every operation that sends one of this tool's corrections.
+    pub fn correction_channels(&self) -> Vec<&str> {
+        let mut channels: Vec<&str> = self
+            .corrections()
+            .into_iter()
+            .filter_map(|(_, c)| self.channel_of(c))
+            .collect();
+        channels.sort_unstable();
+        channels.dedup();
+        channels
+    }
+
+    fn channel_of<'a>(&'a self, correction: &'a CorrectionTemplate) -> Option<&'a str> {
         match (&correction.via, self.class) {
             (Some(via), _) => Some(via),
             (None, ToolClass::Irreversible) => Some(&self.connector),
@@ -119,23 +204,36 @@ impl ToolSpec {
                 ))
             }
             ToolClass::Irreversible => {
-                let (template, recipients) = self.correction_for(key, args)?;
-                Ok(Some(
-                    json!({"kind": "correction", "template": template, "recipients": recipients}),
-                ))
+                let audience = self.audience_for(args);
+                if audience.is_internal() && self.correction_to(audience).is_none() {
+                    // Only the team saw it: nobody outside needs a letter.
+                    return Ok(None);
+                }
+                let (template, recipients) = self.correction_for(audience, key, args)?;
+                Ok(Some(json!({
+                    "kind": "correction",
+                    "audience": audience,
+                    "template": template,
+                    "recipients": recipients,
+                })))
             }
         }
     }
 
-    /// The declared correction, filled for this call: its text and who
-    /// receives it. `Err` when it is missing or names nobody.
+    /// The correction declared for `audience`, filled for this call: its
+    /// text and who receives it. `Err` when that audience has none or it
+    /// names nobody for these arguments.
     pub fn correction_for(
         &self,
+        audience: Audience,
         key: &str,
         args: &serde_json::Value,
     ) -> Result<(String, Vec<String>), String> {
-        let Some(correction) = &self.correction else {
-            return Err(format!("{} declares no correction", self.name));
+        let Some(correction) = self.correction_to(audience) else {
+            return Err(format!(
+                "{} declares no correction for the {audience} audience",
+                self.name
+            ));
         };
         let mut recipients = Vec::new();
         for recipient in &correction.recipients {
@@ -393,7 +491,35 @@ fn spec_mistakes(spec: &ToolSpec) -> Vec<RegistryMistake> {
         }
         _ => {}
     }
-    if let Some(correction) = &spec.correction {
+    let reachable = spec.reachable_audiences();
+    if let Some(Corrections::ForDeclaredAudience(_)) = &spec.correction {
+        let outside: Vec<&str> = reachable
+            .iter()
+            .filter(|a| !a.is_internal())
+            .map(|a| a.as_str())
+            .collect();
+        if outside.len() > 1 {
+            say(
+                "correction",
+                &format!(
+                    "this tool reaches more than one audience ({}): declare its correction per audience \
+                     (correction.{} = {{ template, recipients, via }} …), so each goes only to the people who saw it",
+                    outside.join(", "),
+                    outside[0]
+                ),
+            );
+        }
+    }
+    for (audience, correction) in spec.corrections() {
+        if !reachable.contains(&audience) {
+            say(
+                "correction",
+                &format!(
+                    "declares a correction for the {audience} audience, which this tool never reaches (it reaches {})",
+                    reachable.iter().map(|a| a.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+            );
+        }
         if correction.template.trim().is_empty() {
             say("correction.template", "empty");
         }
@@ -401,6 +527,17 @@ fn spec_mistakes(spec: &ToolSpec) -> Vec<RegistryMistake> {
             say(
                 "correction.recipients",
                 "empty; name who receives the correction",
+            );
+        }
+        // A customer is whoever this call was about: a fixed address
+        // cannot be them, and would write to someone who never saw it.
+        if audience == Audience::Customer
+            && !correction.recipients.is_empty()
+            && !correction.recipients.iter().all(|r| r.contains("{args."))
+        {
+            say(
+                "correction.recipients",
+                "a customer's correction goes to the customer of the call: name the argument that holds their address ({args.FIELD}), not a fixed address",
             );
         }
     }
@@ -411,15 +548,17 @@ fn spec_mistakes(spec: &ToolSpec) -> Vec<RegistryMistake> {
             .any(|rule| rule.audience != Audience::Internal);
     let undoable = matches!(spec.class, ToolClass::Reversible | ToolClass::Compensatable)
         && !spec.way_back_only;
-    match &spec.correction {
-        None if undoable && may_reach_outside => say(
+    if spec.correction.is_none() && undoable && may_reach_outside {
+        say(
             "correction",
             "missing; an effect people outside the team can see needs a correction (template, recipients, via) for when it is undone",
-        ),
-        Some(correction) if undoable && correction.via.is_none() => {
-            say("correction.via", "missing; name the connector operation that sends this correction")
-        }
-        _ => {}
+        );
+    }
+    if undoable && spec.corrections().iter().any(|(_, c)| c.via.is_none()) {
+        say(
+            "correction.via",
+            "missing; name the connector operation that sends this correction",
+        );
     }
     if spec.way_back_only && (spec.gated || spec.class == ToolClass::Pure) {
         say(
@@ -445,7 +584,7 @@ fn spec_mistakes(spec: &ToolSpec) -> Vec<RegistryMistake> {
             say(field, &problem);
         }
     }
-    if let Some(correction) = &spec.correction {
+    for (_, correction) in spec.corrections() {
         let texts = std::iter::once(&correction.template).chain(&correction.recipients);
         if let Some(problem) = texts
             .map(String::as_str)
@@ -651,7 +790,7 @@ mod tests {
             audience = "finance"
             audience_when = [{ arg = "receipt", equals = true, audience = "customer" }]
             compensation = { tool = "payments.refund", args = { charge_key = "{key}", amount = "{args.amount}" } }
-            correction = { template = "We refunded you.", recipients = ["{args.email}"], via = "smtp.send" }
+            correction.customer = { template = "We refunded you.", recipients = ["{args.email}"], via = "smtp.send" }
             [[tool]]
             name = "payments.refund"
             class = "irreversible"
@@ -802,5 +941,100 @@ mod tests {
             registry.connector_settings()["stripe"]["base_url"].as_str(),
             Some("http://127.0.0.1:4101")
         );
+    }
+
+    const CHARGE_WITH_TWO_AUDIENCES: &str = r#"
+        [[tool]]
+        name = "charge"
+        class = "compensatable"
+        connector = "payments.charge"
+        audience = "finance"
+        audience_when = [{ arg = "receipt", equals = true, audience = "customer" }]
+        compensation = { tool = "refund", args = { charge_key = "{key}" } }
+        correction.customer = { template = "We refunded your {args.amount}.", recipients = ["{args.email}"], via = "smtp.send" }
+        correction.finance = { template = "Charge {key} refunded.", recipients = ["finance@example.com"], via = "smtp.send" }
+        [[tool]]
+        name = "refund"
+        class = "compensatable"
+        connector = "payments.refund"
+        way_back_only = true
+    "#;
+
+    #[test]
+    fn r10_each_audience_gets_its_own_correction_and_recipients() {
+        let registry = Registry::from_toml(CHARGE_WITH_TWO_AUDIENCES).unwrap();
+        let charge = registry.get("charge").unwrap();
+        let args = serde_json::json!({"amount": 900, "email": "ada@example.com"});
+        let (text, to) = charge
+            .correction_for(Audience::Customer, "k1", &args)
+            .unwrap();
+        assert_eq!(
+            (text.as_str(), to),
+            ("We refunded your 900.", vec!["ada@example.com".to_owned()])
+        );
+        let (text, to) = charge
+            .correction_for(Audience::Finance, "k1", &args)
+            .unwrap();
+        assert_eq!(
+            (text.as_str(), to),
+            (
+                "Charge k1 refunded.",
+                vec!["finance@example.com".to_owned()]
+            )
+        );
+        assert!(charge.correction_to(Audience::Partner).is_none());
+        assert!(charge
+            .correction_for(Audience::Partner, "k1", &args)
+            .is_err());
+        assert_eq!(
+            charge.correction_channel(Audience::Finance),
+            Some("smtp.send")
+        );
+    }
+
+    #[test]
+    fn r10_a_tool_that_reaches_several_audiences_declares_its_correction_per_audience() {
+        let file = CHARGE_WITH_TWO_AUDIENCES.replace(
+            "correction.customer = { template = \"We refunded your {args.amount}.\", recipients = [\"{args.email}\"], via = \"smtp.send\" }\n        correction.finance = { template = \"Charge {key} refunded.\", recipients = [\"finance@example.com\"], via = \"smtp.send\" }",
+            "correction = { template = \"We refunded you.\", recipients = [\"{args.email}\"], via = \"smtp.send\" }",
+        );
+        assert_ne!(file, CHARGE_WITH_TWO_AUDIENCES);
+        let err = Registry::from_toml(&file).unwrap_err().to_string();
+        assert!(err.contains("tool `charge`, field `correction`: this tool reaches more than one audience (finance, customer)"), "{err}");
+    }
+
+    #[test]
+    fn r10_a_correction_for_an_audience_the_tool_never_reaches_is_refused() {
+        let file = CHARGE_WITH_TWO_AUDIENCES.replace("correction.finance", "correction.partner");
+        let err = Registry::from_toml(&file).unwrap_err().to_string();
+        assert!(err.contains("correction for the partner audience, which this tool never reaches (it reaches finance, customer)"), "{err}");
+        let file = CHARGE_WITH_TWO_AUDIENCES.replace("correction.finance", "correction.everyone");
+        let err = Registry::from_toml(&file).unwrap_err().to_string();
+        assert!(
+            err.contains("`everyone` is neither a field of a correction"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn r10_a_customer_correction_must_be_addressed_from_the_calls_arguments() {
+        let file = CHARGE_WITH_TWO_AUDIENCES.replace(
+            "recipients = [\"{args.email}\"]",
+            "recipients = [\"help@example.com\"]",
+        );
+        let err = Registry::from_toml(&file).unwrap_err().to_string();
+        assert!(err.contains("field `correction.recipients`: a customer's correction goes to the customer of the call"), "{err}");
+    }
+
+    #[test]
+    fn the_shipped_tools_file_corrects_a_receiptless_charge_to_finance_only() {
+        let text = include_str!("../../tools/support.toml");
+        let registry = Registry::from_toml(text).unwrap();
+        let charge = registry.get("charge_card").unwrap();
+        let args = serde_json::json!({"amount": 900, "email": "ada@example.com", "receipt": false});
+        let audience = charge.audience_for(&args);
+        assert_eq!(audience, Audience::Finance);
+        let (_, to) = charge.correction_for(audience, "k", &args).unwrap();
+        assert_eq!(to, vec!["finance@example.com".to_owned()]);
     }
 }

@@ -62,9 +62,18 @@ pub trait RunClaim: Send + Sync {}
 /// A run claimed, and what a call reads first, read under the claim.
 pub struct ClaimedRun {
     pub claim: Box<dyn RunClaim>,
+    pub read: ClaimedRead,
+}
+
+/// What a call reads first about its run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClaimedRead {
     pub run: Option<Run>,
     /// The run's unsettled steps, in step order (see `unsettled_steps`).
     pub unsettled: Vec<Step>,
+    /// The run's steps still owed to the agent (R12), settled or not, in
+    /// step order.
+    pub owed: Vec<Step>,
 }
 
 /// A page of the runs list and how many runs match in all.
@@ -147,6 +156,12 @@ pub trait SagaStore: Send + Sync + 'static {
     /// Its cost follows the unsettled steps, not the length of the run.
     async fn unsettled_steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>>;
     async fn step_by_key(&self, idempotency_key: &str) -> StoreResult<Option<Step>>;
+    /// R12: records whether the step's last answer to the agent left it
+    /// owed (a non-final answer) or gave the agent its final outcome.
+    async fn set_owed_to_agent(&self, run_id: Uuid, step_idx: i64, owed: bool) -> StoreResult<()>;
+    /// An audit line about a run that changes no status (an agent's
+    /// declared new effect, say).
+    async fn note(&self, run_id: Uuid, actor: &Actor, detail: &str) -> StoreResult<()>;
     /// (run, step index) of every INTENDED or UNKNOWN step not touched
     /// since `before`, in a run that is in one of `statuses`, in run and step
     /// order. One query over the unsettled-steps index: its cost follows the

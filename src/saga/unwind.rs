@@ -358,7 +358,11 @@ impl Engine {
                 }
                 _ => continue,
             };
-            let (template, recipients) = self.correction_text(&step)?;
+            // R10: only the people who saw the original hear of it; an
+            // audience with no declared correction gets none.
+            let Some((template, recipients)) = self.correction_text(&step)? else {
+                continue;
+            };
             self.store()
                 .queue_correction(
                     NewCorrection {
@@ -423,38 +427,35 @@ impl Engine {
                 ToolClass::Pure => false,
             };
             if seen_outside && corrected {
-                let (text, recipients) = self.correction_text(step)?;
-                preview.corrections.push((step.clone(), text, recipients));
+                if let Some((text, recipients)) = self.correction_text(step)? {
+                    preview.corrections.push((step.clone(), text, recipients));
+                }
             }
         }
         Ok(preview)
     }
 
-    /// The correction for a step people outside the team saw: the one
-    /// written before it ran, else the tool's declared one, else a plain
-    /// notice naming the reference (with no recipient: a person adds one).
-    fn correction_text(&self, step: &Step) -> Result<(String, Vec<String>), Refusal> {
+    /// The correction for a step people outside the team saw, addressed to
+    /// the audience that saw it (R10): the one written before it ran, else
+    /// the tool's declaration for the step's audience (with no recipient
+    /// when these arguments name none: a person adds one or dismisses it).
+    /// `None` when nothing is declared for that audience.
+    fn correction_text(&self, step: &Step) -> Result<Option<(String, Vec<String>)>, Refusal> {
         let spec = self.spec(&step.tool)?;
         let written = step.compensation.clone().unwrap_or(Value::Null);
-        Ok(match (written["kind"].as_str(), &spec.correction) {
-            (Some("correction"), _) => (
+        if written["kind"].as_str() == Some("correction") {
+            return Ok(Some((
                 written["template"].as_str().unwrap_or_default().to_owned(),
                 strings(&written["recipients"]),
-            ),
-            (_, Some(declared)) => spec
-                .correction_for(&step.idempotency_key, &step.args)
+            )));
+        }
+        let Some(declared) = spec.correction_to(step.audience) else {
+            return Ok(None);
+        };
+        Ok(Some(
+            spec.correction_for(step.audience, &step.idempotency_key, &step.args)
                 .unwrap_or_else(|_| (declared.template.clone(), Vec::new())),
-            (_, None) => (
-                format!(
-                    "We have reversed {} (reference {}). No action is needed on your side.",
-                    step.tool,
-                    step.external_ref
-                        .clone()
-                        .unwrap_or_else(|| step.idempotency_key.clone())
-                ),
-                Vec::new(),
-            ),
-        })
+        ))
     }
 }
 

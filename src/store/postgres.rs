@@ -280,8 +280,9 @@ impl PostgresStore {
         let batch = format!(
             "SELECT pg_advisory_lock(hashtext('saga-run'), hashtext('{id}'));
              SELECT * FROM runs WHERE id = '{id}';
-             SELECT * FROM saga_log WHERE run_id = '{id}' AND status IN {} ORDER BY step_idx",
-            crate::store::sql::unsettled_sql!()
+             SELECT * FROM saga_log WHERE run_id = '{id}' AND status IN {unsettled} ORDER BY step_idx;
+             SELECT * FROM saga_log WHERE run_id = '{id}' AND owed_to_agent AND status NOT IN {unsettled}",
+            unsettled = crate::store::sql::unsettled_sql!()
         );
         let rows = match pending.conn.as_mut() {
             Some(conn) => sqlx::raw_sql(&batch)
@@ -292,11 +293,10 @@ impl PostgresStore {
             None => Vec::new(),
         };
         let claim = self.locked_claim(run_id, pending)?;
-        let (run, unsettled) = run_and_unsettled(&rows)?;
+        let read = run_and_unsettled(&rows)?;
         Ok(crate::saga::store::ClaimedRun {
             claim: Box::new(claim),
-            run,
-            unsettled,
+            read,
         })
     }
 

@@ -198,17 +198,25 @@ macro_rules! saga_store_sql {
         }
 
         /// Sorts the rows of a claim's read (a run row, then its unsettled
-        /// steps, from one batch of statements) by the columns they carry.
-        fn run_and_unsettled(rows: &[DbRow]) -> StoreResult<(Option<Run>, Vec<Step>)> {
-            let (mut run, mut unsettled) = (None, Vec::new());
+        /// steps, then its settled steps still owed to the agent, from one
+        /// batch of statements) by the columns they carry.
+        fn run_and_unsettled(rows: &[DbRow]) -> StoreResult<$crate::saga::store::ClaimedRead> {
+            let mut read = $crate::saga::store::ClaimedRead::default();
             for row in rows {
                 if row.try_column("step_idx").is_ok() {
-                    unsettled.push(step_from(row)?);
+                    let step = step_from(row)?;
+                    if step.owed_to_agent {
+                        read.owed.push(step.clone());
+                    }
+                    if !step.status.is_settled() {
+                        read.unsettled.push(step);
+                    }
                 } else if row.try_column("next_step").is_ok() {
-                    run = Some(run_from(row)?);
+                    read.run = Some(run_from(row)?);
                 }
             }
-            Ok((run, unsettled))
+            read.owed.sort_by_key(|s| s.step_idx);
+            Ok(read)
         }
 
         fn run_from(row: &DbRow) -> StoreResult<Run> {
@@ -243,6 +251,7 @@ macro_rules! saga_store_sql {
                 error: opt_text(row, "error")?,
                 phase: parsed::<Phase>(row, "phase")?,
                 approved_individually: get(row, "approved_individually")?,
+                owed_to_agent: get(row, "owed_to_agent")?,
                 created_at: get(row, "created_at")?,
                 updated_at: get(row, "updated_at")?,
             })
@@ -1072,6 +1081,48 @@ macro_rules! saga_store_sql {
                     .as_ref()
                     .map(step_from)
                     .transpose()
+            }
+
+            async fn set_owed_to_agent(&self, run_id: Uuid, step_idx: i64, owed: bool) -> StoreResult<()> {
+                // Lazy: a lost flag is rebuilt by the agent's next re-send,
+                // and any later durable commit carries it to disk (§9).
+                let mut conn = self.write(Durability::Lazy).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                Self::lazy_commit(&mut tx, Durability::Lazy).await?;
+                let changed = sqlx::query(
+                    "UPDATE saga_log SET owed_to_agent = $1 WHERE run_id = $2 AND step_idx = $3",
+                )
+                .bind(owed)
+                .bind(run_id.to_string())
+                .bind(step_idx)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?
+                .rows_affected();
+                if changed == 0 {
+                    return Err(StoreError::NotFound {
+                        what: format!("step {step_idx} of run {run_id}"),
+                    });
+                }
+                commit(tx).await
+            }
+
+            async fn note(&self, run_id: Uuid, actor: &Actor, detail: &str) -> StoreResult<()> {
+                let mut conn = self.write(Durability::Durable).await?;
+                append_event(
+                    &mut conn,
+                    EventLine {
+                        run_id: Some(run_id),
+                        entity: "run",
+                        entity_id: None,
+                        actor,
+                        from: None,
+                        to: None,
+                        detail: Some(detail.to_owned()),
+                        at: Utc::now(),
+                    },
+                )
+                .await
             }
 
             async fn record_compensation(

@@ -275,17 +275,18 @@ impl SqliteStore {
             "SELECT * FROM runs WHERE id = $1;
              SELECT * FROM saga_log WHERE run_id = $1 AND status IN ",
             crate::store::sql::unsettled_sql!(),
-            " ORDER BY step_idx"
+            " ORDER BY step_idx;
+             SELECT * FROM saga_log WHERE run_id = $1 AND owed_to_agent = 1 AND status NOT IN ",
+            crate::store::sql::unsettled_sql!(),
         ))
         .bind(run_id.to_string())
         .fetch_all(self.reader())
         .await
         .map_err(db)?;
-        let (run, unsettled) = run_and_unsettled(&rows)?;
+        let read = run_and_unsettled(&rows)?;
         Ok(crate::saga::store::ClaimedRun {
             claim: self.claim(run_id).await?,
-            run,
-            unsettled,
+            read,
         })
     }
 }

@@ -127,6 +127,13 @@ impl SagaStore for CrashingStore {
         )
         .await
     }
+    async fn set_owed_to_agent(&self, run_id: Uuid, step_idx: i64, owed: bool) -> StoreResult<()> {
+        self.write(self.inner.set_owed_to_agent(run_id, step_idx, owed))
+            .await
+    }
+    async fn note(&self, run_id: Uuid, actor: &Actor, detail: &str) -> StoreResult<()> {
+        self.write(self.inner.note(run_id, actor, detail)).await
+    }
     async fn step(&self, run_id: Uuid, step_idx: i64) -> StoreResult<Option<Step>> {
         self.inner.step(run_id, step_idx).await
     }

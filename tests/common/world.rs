@@ -444,7 +444,8 @@ audience = "finance"
 audience_when = [{ arg = "receipt", equals = true, audience = "customer" }]
 settle_ms = 0
 compensation = { tool = "refund", args = { charge_key = "{key}", amount = "{args.amount}" } }
-correction = { template = "We have refunded the charge on your card.", recipients = ["{args.email}"], via = "mail.send" }
+correction.customer = { template = "We have refunded the charge on your card.", recipients = ["{args.email}"], via = "mail.send" }
+correction.finance = { template = "A charge without a receipt was refunded.", recipients = ["finance@example.com"], via = "mail.send" }
 
 [[tool]]
 name = "email_customer"
