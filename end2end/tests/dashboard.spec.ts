@@ -135,6 +135,49 @@ test('a lead approves a pivot in one click and the commit steps run in the real 
   expect(problems, 'browser errors (hydration, wasm)').toEqual([]);
 });
 
+test('the pivot panel reads as sentences a lead can check, on a desktop and on a phone', async ({ page, request }) => {
+  const problems = watchForErrors(page);
+  const { run } = await stagePivot(request, 'in words');
+  await signIn(page, 'lead');
+  await page.setViewportSize({ width: 1280, height: 900 });
+  await page.goto(`/runs/${run}`);
+  const panel = page.locator('section.pivot');
+  // What is staged, above the commit steps, each a sentence.
+  await expect(panel.locator('ul.staged')).toContainText("Hold $32.00 on cus_grace's card");
+  await expect(panel.locator('ul.staged')).toContainText('Draft an email to grace@example.com: “Your replacement”');
+  // The commit steps, with badges and the way back in words.
+  const steps = panel.locator('ol.plan > li');
+  await expect(steps.nth(0).locator('.sentence')).toHaveText(/^Capture \$32\.00 from the card hold /);
+  await expect(steps.nth(0)).toContainText('If undone: refund $32.00');
+  await expect(steps.nth(1).locator('.sentence')).toHaveText('Email grace@example.com: “Your replacement”');
+  await expect(steps.nth(1).locator('.badge.reach')).toHaveText('reaches 1 recipient');
+  await expect(steps.nth(1)).toContainText('If undone: a correction to grace@example.com');
+  // The exact arguments are one click away, not in the way.
+  const exact = steps.nth(0).locator('details.exact');
+  await expect(exact.locator('pre.args')).toBeHidden();
+  await exact.locator('summary').click();
+  await expect(exact.locator('pre.args')).toContainText('"amount": 3200');
+  await panel.screenshot({ path: 'test-results/pivot-panel-desktop.png' });
+
+  // On a phone: nothing wider than the screen, and Approve / Reject in
+  // reach before any scrolling.
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.goto(`/runs/${run}`);
+  await expect(page.getByRole('button', { name: 'Approve' })).toBeInViewport();
+  await expect(page.getByRole('button', { name: 'Reject' })).toBeInViewport();
+  const size = await page.evaluate(() => ({ width: document.documentElement.scrollWidth, height: document.documentElement.scrollHeight }));
+  expect(size.width, 'no sideways scrolling').toBeLessThanOrEqual(390);
+  expect(size.height, 'the page reads as cards, not a column of wrapped JSON').toBeLessThan(6000);
+  await page.screenshot({ path: 'test-results/pivot-panel-phone.png' });
+  await page.screenshot({ path: 'test-results/run-page-phone.png', fullPage: true });
+  for (const path of ['/', '/corrections', '/audit']) {
+    await page.goto(path);
+    const width = await page.evaluate(() => document.documentElement.scrollWidth);
+    expect(width, `${path} fits a phone`).toBeLessThanOrEqual(390);
+  }
+  expect(problems).toEqual([]);
+});
+
 test('rejecting a pivot unwinds the staged steps', async ({ page, request }) => {
   const problems = watchForErrors(page);
   const { run, draftKey, holdRef } = await stagePivot(request, 'reject flow');

@@ -4,6 +4,7 @@
 
 pub mod class;
 pub mod status;
+pub mod words;
 
 #[cfg(feature = "ssr")]
 pub mod connector;

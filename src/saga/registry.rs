@@ -104,6 +104,10 @@ pub struct ToolSpec {
     /// How long to wait before looking a key up a second time (R7).
     #[serde(default = "default_settle_ms")]
     pub settle_ms: u64,
+    /// The call as a sentence for the person who decides on it, with
+    /// `{args.FIELD}` and `{args.FIELD|money}` (`|recipients`, `|short`)
+    /// placeholders: "Capture {args.amount|money} from the hold".
+    pub display: Option<String>,
 }
 
 impl ToolSpec {
@@ -571,6 +575,13 @@ fn spec_mistakes(spec: &ToolSpec) -> Vec<RegistryMistake> {
             "gated",
             "only an irreversible tool can be gated behind the pivot",
         );
+    }
+    if let Some(problem) = spec
+        .display
+        .as_deref()
+        .and_then(super::words::display_problem)
+    {
+        say("display", &problem);
     }
     // R6: a way back is filled in before the call, from the key and the
     // arguments; any other placeholder could never be filled, and every

@@ -192,18 +192,24 @@ pub async fn corrections_inbox() -> Result<Inbox, ServerFnError> {
             .step(c.run_id, c.step_idx)
             .await
             .map_err(super::ssr::internal)?;
-        let effect = match (&step, c.source) {
-            (Some(step), crate::saga::model::CorrectionSource::Step) => format!(
-                "{} ran and cannot be taken back (reference {})",
-                step.tool,
+        let words = step
+            .as_ref()
+            .map(|s| state.registry.in_words(&s.tool, &s.args, None));
+        let effect = match (&step, &words, c.source) {
+            (Some(step), Some(words), crate::saga::model::CorrectionSource::Step) => format!(
+                "“{}” ran and cannot be taken back (reference {})",
+                words.sentence,
                 step.external_ref.clone().unwrap_or_else(|| "none".into())
             ),
-            (Some(step), crate::saga::model::CorrectionSource::Compensation) => format!(
-                "{} was reversed by the unwind after people outside the team saw it (reference {})",
-                step.tool,
-                step.external_ref.clone().unwrap_or_else(|| "none".into())
-            ),
-            (None, _) => "the step is missing from the log".into(),
+            (Some(step), Some(words), crate::saga::model::CorrectionSource::Compensation) => {
+                format!(
+                    "“{}” was reversed by the unwind after {} saw it (reference {})",
+                    words.sentence,
+                    c.audience.as_str(),
+                    step.external_ref.clone().unwrap_or_else(|| "none".into())
+                )
+            }
+            _ => "the step is missing from the log".into(),
         };
         items.push(InboxItem {
             id: c.id,
@@ -217,9 +223,7 @@ pub async fn corrections_inbox() -> Result<Inbox, ServerFnError> {
             status: c.status.as_str().to_owned(),
             send_status: c.send_status.map(|s| s.as_str().to_owned()),
             effect,
-            effect_args: step
-                .map(|s| serde_json::to_string_pretty(&s.args).unwrap_or_default())
-                .unwrap_or_default(),
+            effect_args: words.map(|w| w.exact).unwrap_or_default(),
             recipients: c.recipients.clone(),
             message: c.message.clone(),
             key: c.idempotency_key.clone(),

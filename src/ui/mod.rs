@@ -12,6 +12,7 @@ pub mod inbox;
 pub mod run;
 pub mod runs;
 pub mod timeline;
+pub mod words;
 
 use crate::saga::class::Role;
 use leptos::prelude::*;

@@ -4,7 +4,9 @@
 //! unwind review. Every action is a plain form that works without JS.
 
 use super::timeline::Timeline;
+use super::words::CallWords;
 use super::{Notice, TopBar};
+use crate::saga::words::CallInWords;
 use leptos::prelude::*;
 use leptos_meta::Title;
 use leptos_router::hooks::{use_params_map, use_query_map};
@@ -37,12 +39,11 @@ pub struct StepView {
     pub audience: String,
     pub status: String,
     pub after_pivot: bool,
-    pub args: String,
+    /// The call in words, with its pre-written way back.
+    pub words: CallInWords,
     pub key: String,
     pub external_ref: Option<String>,
     pub error: Option<String>,
-    /// The pre-written way back, in words.
-    pub way_back: String,
     /// How the outcome was learned when not from the call's own answer:
     /// "found in the system", "a person said it happened" …
     pub reconciled: Option<String>,
@@ -67,17 +68,24 @@ pub struct PivotView {
     pub decided_at: Option<String>,
     pub expires_at: Option<String>,
     pub note: Option<String>,
+    /// What the run staged before the pivot and is still open (drafts,
+    /// holds), which the commit builds on or a rejection undoes.
+    pub staged: Vec<StagedView>,
     pub commit: Vec<PlannedView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StagedView {
+    pub step: i64,
+    pub words: CallInWords,
+    /// When a hold staged this long ago lapses (§4).
+    pub open_until: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PlannedView {
     pub step: i64,
-    pub tool: String,
-    pub class: String,
-    pub audience: String,
-    pub args: String,
-    pub way_back: String,
+    pub words: CallInWords,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -85,11 +93,8 @@ pub struct HeldView {
     pub approval_id: i64,
     pub digest: String,
     pub step_idx: i64,
-    pub tool: String,
-    pub audience: String,
     pub summary: String,
-    pub args: String,
-    pub way_back: String,
+    pub words: CallInWords,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -172,7 +177,7 @@ fn run_view(run: RunSheet) -> impl IntoView {
         <section class="panel">
             <h2>"Saga log"</h2>
             <Timeline steps=run.steps.clone() corrections=run.corrections.clone()/>
-            {steps_table(run.steps.clone())}
+            {steps_list(run.steps.clone())}
         </section>
         {run.unwind_plan.clone().filter(|_| may).map(|plan| unwind_panel(&id, plan))}
     }
@@ -196,18 +201,23 @@ fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
                 <span class=super::status_class(&pivot.status)>{pivot.status.clone()}</span>
                 {pivot.expires_at.clone().filter(|_| pending).map(|at| view! { " · rejected automatically at " {at} " (authorisations lapse)" })}
             </p>
+            {(!pivot.staged.is_empty()).then(|| view! {
+                <h3>"Staged, still open"</h3>
+                <ul class="plan staged">
+                    {pivot.staged.iter().map(|staged| view! {
+                        <li>
+                            <CallWords words=staged.words.clone()/>
+                            <p class="muted">"Step " {staged.step} " · open until " {staged.open_until.clone()}</p>
+                        </li>
+                    }).collect_view()}
+                </ul>
+            })}
             <h3>"Commit steps, run in this order after approval"</h3>
             <ol class="plan">
                 {pivot.commit.iter().map(|call| view! {
                     <li>
-                        <div class="call-head">
-                            <strong>{call.tool.clone()}</strong>
-                            <span class="badge">{call.class.clone()}</span>
-                            <span class=format!("badge audience-{}", call.audience)>{call.audience.clone()}</span>
-                            <span class="muted">"step " {call.step}</span>
-                        </div>
-                        <pre class="args">{call.args.clone()}</pre>
-                        <p class="way-back">"Way back: " {call.way_back.clone()}</p>
+                        <CallWords words=call.words.clone()/>
+                        <p class="muted">"Step " {call.step}</p>
                     </li>
                 }).collect_view()}
             </ol>
@@ -246,13 +256,9 @@ fn held_panel(run: &str, held: HeldView, may: bool) -> impl IntoView {
         (run.clone(), run.clone(), digest.clone(), digest.clone());
     view! {
         <section class="panel pivot held">
-            <h2>"Held step " {held.step_idx} ": " {held.tool.clone()}</h2>
+            <h2>"Held step " {held.step_idx} ": " {held.words.tool.clone()}</h2>
             <p>{held.summary.clone()}</p>
-            <div class="call-head">
-                <span class=format!("badge audience-{}", held.audience)>{held.audience.clone()}</span>
-            </div>
-            <pre class="args">{held.args.clone()}</pre>
-            <p class="way-back">"If it must be taken back: " {held.way_back.clone()}</p>
+            <CallWords words=held.words.clone()/>
             {may.then(|| view! {
                 <div class="decide">
                     <ActionForm action=decide>
@@ -361,46 +367,29 @@ fn unwind_panel(run: &str, plan: UnwindPlan) -> impl IntoView {
     }
 }
 
-fn steps_table(steps: Vec<StepView>) -> impl IntoView {
+fn steps_list(steps: Vec<StepView>) -> impl IntoView {
     view! {
-        <table class="runs steps">
-            <thead>
-                <tr>
-                    <th class="num">"Step"</th>
-                    <th>"Tool"</th>
-                    <th>"Status"</th>
-                    <th>"Arguments"</th>
-                    <th>"Reference"</th>
-                    <th>"Way back"</th>
-                </tr>
-            </thead>
-            <tbody>
-                {steps.into_iter().map(|step| view! {
-                    <tr id=format!("step-{}", step.idx)>
-                        <td class="num">{step.idx}</td>
-                        <td>
-                            <strong>{step.tool.clone()}</strong><br/>
-                            <span class="badge">{step.class.clone()}</span>
-                            <span class=format!("badge audience-{}", step.audience)>{step.audience.clone()}</span>
-                        </td>
-                        <td>
-                            <span class=super::status_class(&step.status)>{step.status.clone()}</span>
-                            {step.reconciled.clone().map(|r| view! { <br/><small class="muted">{r}</small> })}
-                            {step.error.clone().map(|e| view! { <br/><small class="bad">{e}</small> })}
-                        </td>
-                        <td><pre class="args">{step.args.clone()}</pre></td>
-                        <td>{step.external_ref.clone().unwrap_or_default()}</td>
-                        <td>
-                            {step.way_back.clone()}
-                            {step.compensation.clone().map(|c| view! {
-                                <br/><span class=super::status_class(&c.status)>{c.status.clone()}</span>
-                                {c.error.map(|e| view! { " " <small class="bad">{e}</small> })}
-                            })}
-                        </td>
-                    </tr>
-                }).collect_view()}
-            </tbody>
-        </table>
+        <ol class="steps">
+            {steps.into_iter().map(|step| view! {
+                <li id=format!("step-{}", step.idx) class="step">
+                    <p class="step-head">
+                        <span class="num">"Step " {step.idx}</span>
+                        <span class=super::status_class(&step.status)>{step.status.clone()}</span>
+                        {step.after_pivot.then(|| view! { <span class="badge">"after the pivot"</span> })}
+                        {step.external_ref.clone().map(|r| view! { <span class="muted">"ref " <code>{r}</code></span> })}
+                    </p>
+                    {step.reconciled.clone().map(|r| view! { <p class="muted">{r}</p> })}
+                    {step.error.clone().map(|e| view! { <p class="bad">{e}</p> })}
+                    <CallWords words=step.words.clone() key=step.key.clone()/>
+                    {step.compensation.clone().map(|c| view! {
+                        <p class="way-back">
+                            "Way back " <span class=super::status_class(&c.status)>{c.status.clone()}</span>
+                            {c.error.map(|e| view! { " " <small class="bad">{e}</small> })}
+                        </p>
+                    })}
+                </li>
+            }).collect_view()}
+        </ol>
     }
 }
 
@@ -580,6 +569,7 @@ pub(crate) mod ssr {
         let corrections = store.corrections(run_id).await?;
         let events = store.events(Some(run_id), 2000).await?;
         let now = chrono::Utc::now();
+        let registry = &state.registry;
 
         let step_views = steps
             .iter()
@@ -590,11 +580,10 @@ pub(crate) mod ssr {
                 audience: step.audience.as_str().to_owned(),
                 status: step.status.as_str().to_owned(),
                 after_pivot: step.phase == crate::saga::class::Phase::AfterPivot,
-                args: pretty(&step.args),
+                words: registry.in_words(&step.tool, &step.args, step.compensation.as_ref()),
                 key: step.idempotency_key.clone(),
                 external_ref: step.external_ref.clone(),
                 error: step.error.clone(),
-                way_back: way_back_words(step.compensation.as_ref(), step.tool_class),
                 reconciled: reconciled_by(&events, step),
                 compensation: compensations
                     .iter()
@@ -627,9 +616,24 @@ pub(crate) mod ssr {
                     .expires_at
                     .map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string()),
                 note: a.note.clone(),
+                staged: steps
+                    .iter()
+                    .filter(|s| {
+                        s.tool_class == ToolClass::Reversible
+                            && s.status == StepStatus::Confirmed
+                            && s.phase == crate::saga::class::Phase::BeforePivot
+                    })
+                    .map(|s| StagedView {
+                        step: s.step_idx,
+                        words: registry.in_words(&s.tool, &s.args, s.compensation.as_ref()),
+                        open_until: (s.created_at + crate::saga::pivot::AUTHORISATION_LIFETIME)
+                            .format("%Y-%m-%d %H:%M UTC")
+                            .to_string(),
+                    })
+                    .collect(),
                 commit: a.plan["commit"]
                     .as_array()
-                    .map(|calls| calls.iter().map(planned).collect())
+                    .map(|calls| calls.iter().map(|call| planned(registry, call)).collect())
                     .unwrap_or_default(),
             });
 
@@ -642,11 +646,8 @@ pub(crate) mod ssr {
                     approval_id: a.id,
                     digest: a.digest.clone(),
                     step_idx: step.step_idx,
-                    tool: step.tool.clone(),
-                    audience: step.audience.as_str().to_owned(),
                     summary: a.summary.clone(),
-                    args: pretty(&step.args),
-                    way_back: way_back_words(step.compensation.as_ref(), step.tool_class),
+                    words: registry.in_words(&step.tool, &step.args, step.compensation.as_ref()),
                 })
             })
             .collect();
@@ -726,11 +727,12 @@ pub(crate) mod ssr {
                     .compensations
                     .iter()
                     .map(|(step, way)| {
+                        let done = registry.in_words(&step.tool, &step.args, Some(way));
                         format!(
-                            "step {} ({}): {}",
+                            "Step {}, “{}”: {}",
                             step.step_idx,
-                            step.tool,
-                            way_back_words(Some(way), step.tool_class)
+                            done.sentence,
+                            done.if_undone.trim_start_matches("If undone: ")
                         )
                     })
                     .collect(),
@@ -743,7 +745,11 @@ pub(crate) mod ssr {
                         } else {
                             to.join(", ")
                         };
-                        format!("step {} ({}), to {to}: “{text}”", step.step_idx, step.tool)
+                        let done = registry.in_words(&step.tool, &step.args, None);
+                        format!(
+                            "Step {}, “{}”: to {to}: “{text}”",
+                            step.step_idx, done.sentence
+                        )
                     })
                     .collect(),
             })
@@ -769,45 +775,15 @@ pub(crate) mod ssr {
         }))
     }
 
-    fn planned(call: &Value) -> PlannedView {
+    fn planned(registry: &crate::saga::registry::Registry, call: &Value) -> PlannedView {
         let way_back = call.get("way_back").filter(|w| !w.is_null());
         PlannedView {
             step: call["step"].as_i64().unwrap_or_default(),
-            tool: call["tool"].as_str().unwrap_or_default().to_owned(),
-            class: call["class"].as_str().unwrap_or_default().to_owned(),
-            audience: call["audience"].as_str().unwrap_or_default().to_owned(),
-            args: pretty(&call["args"]),
-            way_back: way_back_words(way_back, ToolClass::Compensatable),
-        }
-    }
-
-    /// The pre-written way back, as a person reads it.
-    pub fn way_back_words(way_back: Option<&Value>, class: ToolClass) -> String {
-        let Some(way) = way_back.filter(|w| !w.is_null()) else {
-            return match class {
-                ToolClass::Pure => "none needed".into(),
-                _ => "none written: a person decides".into(),
-            };
-        };
-        match way["kind"].as_str() {
-            Some("correction") => format!(
-                "correction to {}: “{}”",
-                way["recipients"]
-                    .as_array()
-                    .map(|r| r
-                        .iter()
-                        .filter_map(Value::as_str)
-                        .collect::<Vec<_>>()
-                        .join(", "))
-                    .unwrap_or_default(),
-                way["template"].as_str().unwrap_or_default()
+            words: registry.in_words(
+                call["tool"].as_str().unwrap_or_default(),
+                &call["args"],
+                way_back,
             ),
-            Some(kind) => format!(
-                "{kind}: {} {}",
-                way["tool"].as_str().unwrap_or_default(),
-                compact(&way["args"])
-            ),
-            None => compact(way),
         }
     }
 
@@ -831,11 +807,9 @@ pub(crate) mod ssr {
         })
     }
 
+    /// Arguments for a person to check: pretty JSON with hidden and
+    /// control characters made visible.
     pub fn pretty(value: &Value) -> String {
-        serde_json::to_string_pretty(value).unwrap_or_default()
-    }
-
-    fn compact(value: &Value) -> String {
-        serde_json::to_string(value).unwrap_or_default()
+        crate::saga::words::visible(&serde_json::to_string_pretty(value).unwrap_or_default()).0
     }
 }
