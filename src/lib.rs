@@ -5,6 +5,10 @@
 //! The crate is built twice: with `ssr` into the server binary (everything
 //! below), with `hydrate` into the wasm that makes the dashboard live.
 
+// The dashboard's view types nest deeply; release builds (which do not
+// erase them) need more than the default query depth to lay them out.
+#![recursion_limit = "512"]
+
 pub mod saga;
 pub mod ui;
 

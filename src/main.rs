@@ -1,5 +1,9 @@
 //! The `saga-harness` binary: serve, migrate, add users, issue tokens.
 
+// The dashboard's view types nest deeply; release builds (which do not
+// erase them) need more than the default query depth to lay them out.
+#![recursion_limit = "512"]
+
 #[cfg(feature = "ssr")]
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
