@@ -108,103 +108,199 @@ mod tests {
     }
 }
 
-/// Slows guessing: after `limit` failed sign-ins for one account, or from
-/// one address, within `window`, further attempts for it are refused until
-/// the oldest failure leaves the window. Kept in memory: each harness
-/// instance counts the attempts it sees.
+/// The longest username and password a sign-in accepts: anything longer is
+/// refused before it is hashed, looked up or counted.
+pub const MAX_USERNAME_BYTES: usize = 64;
+pub const MAX_PASSWORD_BYTES: usize = 256;
+
+/// Slows guessing without letting anyone lock anyone else out, and bounds
+/// what sign-ins can cost the server.
+///
+/// - Each (account, address) pair may try `burst` times at once, then once
+///   per `refill`: a guesser's waits grow with every attempt, while the
+///   same account from another address (its owner) is unaffected.
+/// - Each address may try `address_burst` times at once, then once per
+///   `refill / 10`, whatever the account (credential stuffing).
+/// - An attempt counts when it is checked, before the password is, so
+///   concurrent attempts cannot all pass the check (it is refunded by
+///   nothing: a success costs one attempt too).
+/// - Keys are SHA-256 digests (fixed size, whatever the name) and the
+///   limiter forgets keys whose allowance has fully refilled, so memory is
+///   bounded by recent attempts, not by every name ever tried.
+/// - At most `verifiers` password checks run at once (Argon2 takes about
+///   19 MiB and a core's worth of time each); an attempt that finds them
+///   all busy is told to retry and is not counted.
 pub struct SignInThrottle {
-    limit: usize,
-    window: std::time::Duration,
-    failures: std::sync::Mutex<std::collections::HashMap<String, Vec<std::time::Instant>>>,
+    pairs: governor::DefaultKeyedRateLimiter<[u8; 32]>,
+    addresses: governor::DefaultKeyedRateLimiter<[u8; 32]>,
+    verifiers: std::sync::Arc<tokio::sync::Semaphore>,
+    clock: governor::clock::DefaultClock,
+    checks: std::sync::atomic::AtomicU64,
+}
+
+/// Why a sign-in attempt is not checked now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotNow {
+    /// Too many attempts: wait this long.
+    Throttled(std::time::Duration),
+    /// Every password checker is busy: retry in a moment.
+    Busy,
 }
 
 impl SignInThrottle {
-    /// Five failures in fifteen minutes.
+    /// Five attempts per account and address, then one a minute; sixty per
+    /// address, then one every six seconds; as many checks at once as the
+    /// machine has cores.
     pub fn standard() -> Self {
-        SignInThrottle::new(5, std::time::Duration::from_secs(15 * 60))
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        SignInThrottle::new(5, 60, std::time::Duration::from_secs(60), cores)
     }
 
-    pub fn new(limit: usize, window: std::time::Duration) -> Self {
+    pub fn new(
+        burst: u32,
+        address_burst: u32,
+        refill: std::time::Duration,
+        verifiers: usize,
+    ) -> Self {
+        use governor::{Quota, RateLimiter};
+        use std::num::NonZeroU32;
+        let nonzero = |n: u32| NonZeroU32::new(n.max(1)).unwrap_or(NonZeroU32::MIN);
+        let pair_quota = Quota::with_period(refill)
+            .unwrap_or_else(|| Quota::per_minute(nonzero(1)))
+            .allow_burst(nonzero(burst));
+        let address_quota = Quota::with_period(refill / 10)
+            .unwrap_or_else(|| Quota::per_second(nonzero(1)))
+            .allow_burst(nonzero(address_burst));
         SignInThrottle {
-            limit,
-            window,
-            failures: Default::default(),
+            pairs: RateLimiter::keyed(pair_quota),
+            addresses: RateLimiter::keyed(address_quota),
+            verifiers: std::sync::Arc::new(tokio::sync::Semaphore::new(verifiers.max(1))),
+            clock: governor::clock::DefaultClock::default(),
+            checks: Default::default(),
         }
     }
 
-    /// `Err(wait)` when any of `keys` (an account, an address) is over the
-    /// limit: how long until one more attempt is allowed.
-    pub fn check(&self, keys: &[String]) -> Result<(), std::time::Duration> {
-        let now = std::time::Instant::now();
-        let mut failures = self.failures.lock().expect("throttle lock");
-        let mut wait = std::time::Duration::ZERO;
-        for key in keys {
-            if let Some(times) = failures.get_mut(key) {
-                times.retain(|t| now.duration_since(*t) < self.window);
-                if times.len() >= self.limit {
-                    let oldest = times[times.len() - self.limit];
-                    wait = wait.max(self.window - now.duration_since(oldest));
-                }
-            }
-        }
-        if wait.is_zero() {
-            Ok(())
-        } else {
-            Err(wait)
+    /// Counts one attempt for this account from this address and, if it is
+    /// allowed, hands out one of the password checkers; keep it while the
+    /// password is verified.
+    pub fn attempt(
+        &self,
+        account: &str,
+        address: Option<std::net::IpAddr>,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, NotNow> {
+        use governor::clock::Clock;
+        // A checker first: an attempt turned away because the server is
+        // busy is not counted against anyone.
+        let checker = self
+            .verifiers
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| NotNow::Busy)?;
+        self.forget_refilled();
+        let address = address.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
+        let pair = digest(&format!("{}\n{address}", account.to_lowercase()));
+        let from = digest(&address);
+        let now = self.clock.now();
+        let wait = [self.pairs.check_key(&pair), self.addresses.check_key(&from)]
+            .into_iter()
+            .filter_map(Result::err)
+            .map(|not_until| not_until.wait_time_from(now))
+            .max();
+        match wait {
+            Some(wait) => Err(NotNow::Throttled(wait)),
+            None => Ok(checker),
         }
     }
 
-    pub fn failed(&self, keys: &[String]) {
-        let now = std::time::Instant::now();
-        let mut failures = self.failures.lock().expect("throttle lock");
-        for key in keys {
-            failures.entry(key.clone()).or_default().push(now);
-        }
+    /// Keys tracked now (for tests and metrics).
+    pub fn tracked(&self) -> usize {
+        self.pairs.len() + self.addresses.len()
     }
 
-    /// A successful sign-in clears the account's count (not the address's).
-    pub fn succeeded(&self, account: &str) {
-        self.failures.lock().expect("throttle lock").remove(account);
+    /// Every thousandth check, drops keys whose allowance has refilled.
+    fn forget_refilled(&self) {
+        use std::sync::atomic::Ordering;
+        if self.checks.fetch_add(1, Ordering::Relaxed) % 1000 == 999 {
+            self.pairs.retain_recent();
+            self.addresses.retain_recent();
+            self.pairs.shrink_to_fit();
+            self.addresses.shrink_to_fit();
+        }
     }
+}
+
+fn digest(text: &str) -> [u8; 32] {
+    Sha256::digest(text.as_bytes()).into()
 }
 
 #[cfg(test)]
 mod throttle_tests {
-    use super::SignInThrottle;
+    use super::{NotNow, SignInThrottle};
+    use std::net::IpAddr;
     use std::time::Duration;
 
-    fn keys(account: &str, address: &str) -> Vec<String> {
-        vec![format!("account:{account}"), format!("address:{address}")]
+    fn ip(text: &str) -> Option<IpAddr> {
+        text.parse().ok()
     }
 
     #[test]
-    fn the_sixth_attempt_within_the_window_waits() {
-        let throttle = SignInThrottle::new(5, Duration::from_secs(900));
-        let dana = keys("dana", "10.0.0.1");
+    fn the_sixth_attempt_for_an_account_from_one_address_waits() {
+        let throttle = SignInThrottle::new(5, 60, Duration::from_secs(60), 4);
         for _ in 0..5 {
-            assert!(throttle.check(&dana).is_ok());
-            throttle.failed(&dana);
+            assert!(throttle.attempt("dana", ip("10.0.0.1")).is_ok());
         }
-        let wait = throttle.check(&dana).unwrap_err();
-        assert!(wait > Duration::from_secs(890) && wait <= Duration::from_secs(900));
-        // The same address trying another account waits too; another
-        // address for another account does not.
-        assert!(throttle.check(&keys("lee", "10.0.0.1")).is_err());
-        assert!(throttle.check(&keys("lee", "10.0.0.2")).is_ok());
+        let Err(NotNow::Throttled(wait)) = throttle.attempt("Dana", ip("10.0.0.1")) else {
+            panic!("the sixth attempt must wait");
+        };
+        assert!(
+            wait > Duration::from_secs(50) && wait <= Duration::from_secs(60),
+            "{wait:?}"
+        );
+        // Neither the account from elsewhere nor another account from here
+        // is locked out.
+        assert!(throttle.attempt("dana", ip("10.0.0.2")).is_ok());
+        assert!(throttle.attempt("lee", ip("10.0.0.1")).is_ok());
     }
 
     #[test]
-    fn failures_leave_the_window_and_success_clears_the_account() {
-        let throttle = SignInThrottle::new(2, Duration::from_millis(50));
-        let dana = keys("dana", "10.0.0.1");
-        throttle.failed(&dana);
-        throttle.failed(&dana);
-        assert!(throttle.check(&dana).is_err());
-        std::thread::sleep(Duration::from_millis(60));
-        assert!(throttle.check(&dana).is_ok());
-        throttle.failed(&dana[..1]);
-        throttle.failed(&dana[..1]);
-        throttle.succeeded("account:dana");
-        assert!(throttle.check(&dana[..1]).is_ok());
+    fn one_address_trying_many_accounts_is_slowed_too() {
+        let throttle = SignInThrottle::new(5, 10, Duration::from_secs(60), 4);
+        for n in 0..10 {
+            assert!(throttle
+                .attempt(&format!("user{n}"), ip("10.0.0.9"))
+                .is_ok());
+        }
+        assert!(matches!(
+            throttle.attempt("user99", ip("10.0.0.9")),
+            Err(NotNow::Throttled(_))
+        ));
+    }
+
+    #[test]
+    fn no_more_password_checks_run_at_once_than_there_are_checkers() {
+        let throttle = SignInThrottle::new(100, 100, Duration::from_secs(60), 2);
+        let a = throttle.attempt("a", ip("10.0.0.1")).unwrap();
+        let _b = throttle.attempt("b", ip("10.0.0.1")).unwrap();
+        assert_eq!(
+            throttle.attempt("c", ip("10.0.0.1")).unwrap_err(),
+            NotNow::Busy
+        );
+        drop(a);
+        assert!(throttle.attempt("c", ip("10.0.0.1")).is_ok());
+    }
+
+    #[test]
+    fn keys_are_fixed_size_and_forgotten_once_refilled() {
+        let throttle = SignInThrottle::new(5, 60, Duration::from_millis(10), 4);
+        let huge = "x".repeat(1 << 20);
+        let _ = throttle.attempt(&huge, ip("10.0.0.1"));
+        for n in 0..2000 {
+            let _ = throttle.attempt(&format!("name{n}"), ip("10.0.0.1"));
+        }
+        std::thread::sleep(Duration::from_millis(700));
+        for _ in 0..1000 {
+            let _ = throttle.attempt("again", ip("10.0.0.3"));
+        }
+        assert!(throttle.tracked() < 100, "{} keys kept", throttle.tracked());
     }
 }

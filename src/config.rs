@@ -126,6 +126,39 @@ pub struct ServeArgs {
     /// Mark the session cookie `Secure` (serve behind HTTPS).
     #[arg(long, env = "SAGA_SECURE_COOKIES", default_value_t = false)]
     pub secure_cookies: bool,
+    #[command(flatten)]
+    pub limits: Limits,
+}
+
+/// What protects the server from slow or hostile clients, and who may say
+/// where a request came from.
+#[derive(Clone, Debug, Args)]
+pub struct Limits {
+    /// Reverse proxies whose `X-Forwarded-For` names the client (comma-
+    /// separated addresses). From anyone else the header is ignored and the
+    /// connection's own address is the client's.
+    #[arg(
+        long = "trusted-proxy",
+        env = "SAGA_TRUSTED_PROXIES",
+        value_delimiter = ','
+    )]
+    pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// Connections served at once; further clients wait in the listen queue.
+    #[arg(long, env = "SAGA_MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's headers, and again its body.
+    #[arg(long, env = "SAGA_REQUEST_TIMEOUT_SECS", default_value_t = 10)]
+    pub request_timeout_secs: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            trusted_proxies: Vec::new(),
+            max_connections: 10_000,
+            request_timeout_secs: 10,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

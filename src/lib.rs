@@ -31,6 +31,8 @@ pub mod failpoint;
 #[cfg(feature = "ssr")]
 pub mod server;
 #[cfg(feature = "ssr")]
+pub mod serving;
+#[cfg(feature = "ssr")]
 pub mod sim;
 #[cfg(feature = "ssr")]
 pub mod store;

@@ -35,6 +35,8 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     pub engine: Arc<Engine>,
     pub sign_ins: Arc<crate::auth::SignInThrottle>,
+    /// Reverse proxies whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: Arc<Vec<std::net::IpAddr>>,
 }
 
 impl FromRef<AppState> for LeptosOptions {
@@ -81,6 +83,7 @@ pub struct Application {
     listener: TcpListener,
     router: Router,
     state: AppState,
+    limits: crate::serving::ConnectionLimits,
 }
 
 impl Application {
@@ -153,12 +156,18 @@ impl Application {
             registry,
             engine,
             sign_ins: Arc::new(crate::auth::SignInThrottle::standard()),
+            trusted_proxies: Arc::new(args.limits.trusted_proxies.clone()),
         };
-        let router = router(state.clone(), &opened, args.secure_cookies).await?;
+        let timeout = std::time::Duration::from_secs(args.limits.request_timeout_secs.max(1));
+        let router = router(state.clone(), &opened, args.secure_cookies, timeout).await?;
         Ok(Application {
             listener,
             router,
             state,
+            limits: crate::serving::ConnectionLimits {
+                max_connections: args.limits.max_connections,
+                header_timeout: timeout,
+            },
         })
     }
 
@@ -193,14 +202,9 @@ impl Application {
                 }
             }
         });
-        let served = axum::serve(
-            self.listener,
-            self.router
-                .into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(ServerError::Serve);
+        let served = crate::serving::serve(self.listener, self.router, self.limits, shutdown)
+            .await
+            .map_err(ServerError::Serve);
         sweeper.abort();
         served
     }
@@ -301,7 +305,16 @@ pub(crate) fn leptos_options(addr: SocketAddr) -> LeptosOptions {
     options
 }
 
-async fn router(state: AppState, opened: &Opened, secure: bool) -> Result<Router, ServerError> {
+/// The most a server function (a dashboard form) may send: far more than
+/// any correction a person writes, far less than what exhausts memory.
+const SERVER_FN_BODY_LIMIT: usize = 64 * 1024;
+
+async fn router(
+    state: AppState,
+    opened: &Opened,
+    secure: bool,
+    body_timeout: std::time::Duration,
+) -> Result<Router, ServerError> {
     let routes = generate_route_list(ui::App);
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -314,10 +327,15 @@ async fn router(state: AppState, opened: &Opened, secure: bool) -> Result<Router
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(
             ui::shell,
         ))
-        .with_state(state)
+        .with_state(state.clone())
         .layer(middleware::from_fn(undecodable_forms_are_bad_requests))
-        .layer(middleware::from_fn(require_sign_in))
-        .layer(middleware::from_fn(refuse_cross_site_posts));
+        .layer(middleware::from_fn_with_state(state, require_sign_in))
+        .layer(middleware::from_fn(limit_server_fn_bodies))
+        .layer(middleware::from_fn(refuse_cross_site_posts))
+        .layer(middleware::from_fn(security_headers))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            body_timeout,
+        ));
     let expiry = Expiry::OnInactivity(tower_sessions::cookie::time::Duration::hours(8));
     Ok(match opened {
         Opened::Sqlite(store) => {
@@ -362,8 +380,74 @@ fn is_public(path: &str) -> bool {
         || path.starts_with("/api/")
 }
 
+/// Server functions read their whole body: cap it before they do.
+async fn limit_server_fn_bodies(request: Request<Body>, next: Next) -> Response {
+    let path = request.uri().path();
+    if !path.starts_with("/api/") || path.starts_with("/api/v1/") {
+        return next.run(request).await;
+    }
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > SERVER_FN_BODY_LIMIT) {
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "a dashboard form may send at most 64 KiB",
+        )
+            .into_response();
+    }
+    let (parts, body) = request.into_parts();
+    let limited = http_body_util::Limited::new(body, SERVER_FN_BODY_LIMIT);
+    next.run(Request::from_parts(parts, Body::new(limited)))
+        .await
+}
+
+/// Headers on every response: no framing (the one-click Approve page must
+/// not be clickjacked), no MIME sniffing, no referrer to other sites, and
+/// nothing signed-in kept in caches.
+async fn security_headers(request: Request<Body>, next: Next) -> Response {
+    let is_static =
+        request.uri().path().starts_with("/pkg/") || request.uri().path() == "/favicon.svg";
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    let set =
+        |headers: &mut axum::http::HeaderMap, name: header::HeaderName, value: &'static str| {
+            headers.insert(name, axum::http::HeaderValue::from_static(value));
+        };
+    set(headers, header::X_FRAME_OPTIONS, "DENY");
+    set(headers, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
+    set(headers, header::REFERRER_POLICY, "same-origin");
+    // Framing, plugins, foreign form targets and base rewrites are refused;
+    // scripts stay Leptos's own (its hydration scripts are inline).
+    set(
+        headers,
+        header::CONTENT_SECURITY_POLICY,
+        "frame-ancestors 'none'; object-src 'none'; base-uri 'self'; form-action 'self'",
+    );
+    if !is_static {
+        set(headers, header::CACHE_CONTROL, "no-store");
+    }
+    response
+}
+
 /// Dashboard pages need a signed-in support lead; others go to sign in.
-async fn require_sign_in(session: Session, request: Request<Body>, next: Next) -> Response {
+/// The role is read from the database on every request, so a changed role
+/// or a removed user takes effect at once, not when the session expires.
+async fn require_sign_in(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    session: Session,
+    request: Request<Body>,
+    next: Next,
+) -> Response {
+    let path = request.uri().path();
+    let asset = path.starts_with("/pkg/") || path == "/favicon.svg";
+    if !asset {
+        if let Err(response) = refresh_session_user(&state, &session).await {
+            return response;
+        }
+    }
     if request.method() != Method::GET || is_public(request.uri().path()) {
         return next.run(request).await;
     }
@@ -409,21 +493,86 @@ async fn undecodable_forms_are_bad_requests(request: Request<Body>, next: Next) 
     Response::from_parts(parts, Body::from(bytes))
 }
 
+/// The signed-in person as the database knows them now: a removed user is
+/// signed out, a changed role applies from this request on.
+async fn refresh_session_user(state: &AppState, session: &Session) -> Result<(), Response> {
+    let failed = |err: &dyn std::fmt::Display| {
+        tracing::error!(%err, "reading the session");
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "could not read the session",
+        )
+            .into_response()
+    };
+    let Some(user) = session
+        .get::<SessionUser>(SESSION_USER_KEY)
+        .await
+        .map_err(|e| failed(&e))?
+    else {
+        return Ok(());
+    };
+    match state.store.credentials(&user.username).await {
+        Ok(Some(current)) if current.user.role == user.role => Ok(()),
+        Ok(Some(current)) => session
+            .insert(
+                SESSION_USER_KEY,
+                SessionUser {
+                    username: current.user.username,
+                    role: current.user.role,
+                },
+            )
+            .await
+            .map_err(|e| failed(&e)),
+        Ok(None) => session.flush().await.map_err(|e| failed(&e)),
+        Err(err) => Err(failed(&err)),
+    }
+}
+
+/// The client's address: the connection's, or, when the connection comes
+/// from a trusted reverse proxy, the nearest untrusted address its
+/// `X-Forwarded-For` names.
+pub fn client_address(
+    peer: std::net::IpAddr,
+    forwarded_for: Option<&str>,
+    trusted: &[std::net::IpAddr],
+) -> std::net::IpAddr {
+    if !trusted.contains(&peer) {
+        return peer;
+    }
+    forwarded_for
+        .into_iter()
+        .flat_map(|list| list.rsplit(','))
+        .filter_map(|hop| hop.trim().parse::<std::net::IpAddr>().ok())
+        .find(|hop| !trusted.contains(hop))
+        .unwrap_or(peer)
+}
+
 /// Form posts carry the session cookie; refuse those sent from another
-/// site's page (CSRF). Browsers always send `Origin` on cross-site POSTs.
+/// site's page (CSRF): a browser's `Sec-Fetch-Site: cross-site`, or an
+/// `Origin` whose scheme, host and port are not this server's.
 async fn refuse_cross_site_posts(request: Request<Body>, next: Next) -> Response {
     if request.method() == Method::POST {
-        let origin_host = request
-            .headers()
-            .get(header::ORIGIN)
+        let headers = request.headers();
+        let cross_site_fetch = headers
+            .get("sec-fetch-site")
             .and_then(|v| v.to_str().ok())
-            .map(|origin| origin.split_once("://").map_or(origin, |(_, rest)| rest));
-        let host = request
-            .headers()
-            .get(header::HOST)
-            .and_then(|v| v.to_str().ok());
-        // "null" (an opaque origin) never equals a host, so it is refused too.
-        if origin_host.is_some_and(|origin| Some(origin) != host) {
+            .is_some_and(|v| v.eq_ignore_ascii_case("cross-site"));
+        let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+        // Behind a TLS-terminating proxy the page's scheme is the proxy's.
+        let scheme = headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("http");
+        let same_origin = |origin: &str| {
+            host.is_some_and(|host| {
+                origin.eq_ignore_ascii_case(&format!("{scheme}://{host}"))
+                    // A proxy that terminates TLS may not say so.
+                    || origin.eq_ignore_ascii_case(&format!("https://{host}"))
+            })
+        };
+        // "null" (an opaque origin) is never this server, so it is refused.
+        if cross_site_fetch || origin.is_some_and(|origin| !same_origin(origin)) {
             let message =
                 "cross-site form posts are refused: submit the form from the dashboard itself";
             // The agent API answers every refusal in its own shape.

@@ -45,6 +45,7 @@ fn serve_args(url: &str, tools: std::path::PathBuf) -> ServeArgs {
         },
         tools: Some(tools),
         secure_cookies: false,
+        limits: Default::default(),
     }
 }
 

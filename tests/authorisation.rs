@@ -726,7 +726,9 @@ async fn the_matrix(db: common::TestDb) {
                     .unwrap();
                 let status = response.status().as_u16();
                 let location = response.headers()["location"].to_str().unwrap().to_owned();
-                (status, location)
+                // What the page it leads to will say.
+                let said = common::process::flash(p.client(decider), &base).await;
+                (status, format!("{location} {said}"))
             }
         };
         let forms = decisions(&targets);

@@ -711,7 +711,11 @@ async fn nasty_text_is_inert(db: common::TestDb) {
                 .post(&base, "unwind_run", &[("run", &run), ("reason", nasty)])
                 .await
                 .unwrap();
-            let location = response.headers()["location"].to_str().unwrap().to_owned();
+            let location = format!(
+                "{} {}",
+                response.headers()["location"].to_str().unwrap(),
+                common::process::flash(&lead.http, &base).await
+            );
             assert!(
                 location.contains("error=") && location.contains("NUL"),
                 "{location}"

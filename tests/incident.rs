@@ -35,6 +35,7 @@ async fn start_harness(database_url: &str, tools: PathBuf, token: Option<&str>) 
         },
         tools: Some(tools),
         secure_cookies: false,
+        limits: Default::default(),
     })
     .await
     .unwrap();

@@ -242,6 +242,13 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
                     format!("the body is over {} KiB", MAX_BODY_BYTES / 1024),
                 )
             })?;
+        if nesting_depth(&bytes) > MAX_NESTING {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_body",
+                format!("the body nests objects and arrays deeper than {MAX_NESTING} levels"),
+            ));
+        }
         let request = Request::from_parts(parts, axum::body::Body::from(bytes.clone()));
         match Json::<T>::from_request(request, state).await {
             Ok(Json(value)) => {
@@ -270,6 +277,49 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
             }
         }
     }
+}
+
+/// How deeply a body may nest: tool arguments are records, not trees, and
+/// the stored plan wraps them a few levels deeper still.
+const MAX_NESTING: usize = 32;
+
+/// The deepest nesting of `[` and `{` in a JSON text, outside strings.
+fn nesting_depth(json: &[u8]) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &byte in json {
+        match (in_string, escaped, byte) {
+            (true, true, _) => escaped = false,
+            (true, false, b'\\') => escaped = true,
+            (true, false, b'"') => in_string = false,
+            (true, false, _) => {}
+            (false, _, b'"') => in_string = true,
+            (false, _, b'[' | b'{') => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (false, _, b']' | b'}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// The longest a run's label, purpose, a pivot's summary or an unwind's
+/// reason may be: each is shown on dashboard pages, and an agent must not
+/// decide how big those get.
+const MAX_LABEL_CHARS: usize = 200;
+const MAX_TEXT_CHARS: usize = 2000;
+
+/// Refuses a text field over its length with a 422 naming the field.
+fn within(field: &str, text: &str, max: usize) -> Result<(), ApiError> {
+    if text.chars().count() > max {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            format!("`{field}` is longer than {max} characters"),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether any string (or key) holds U+0000, which PostgreSQL cannot store
@@ -387,6 +437,12 @@ async fn create_run(
     Agent(agent): Agent,
     Body(body): Body<CreateRun>,
 ) -> Result<Response, ApiError> {
+    within(
+        "label",
+        body.label.as_deref().unwrap_or_default(),
+        MAX_LABEL_CHARS,
+    )?;
+    within("purpose", &body.purpose, MAX_TEXT_CHARS)?;
     if body.label.as_deref().is_some_and(|l| l.trim().is_empty()) {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -500,6 +556,7 @@ async fn propose_pivot(
     RunPath(raw): RunPath,
     Body(body): Body<PivotRequest>,
 ) -> Result<Json<PivotProposed>, ApiError> {
+    within("summary", &body.summary, MAX_TEXT_CHARS)?;
     let approval = state
         .engine
         .propose_pivot(&agent, run_id(&raw)?, &body.summary, body.commit)
@@ -544,6 +601,7 @@ async fn unwind(
     RunPath(raw): RunPath,
     Body(body): Body<UnwindRequest>,
 ) -> Result<Json<Run>, ApiError> {
+    within("reason", &body.reason, MAX_TEXT_CHARS)?;
     if body.reason.trim().is_empty() {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -664,4 +722,14 @@ async fn events(
         }
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nesting_is_counted_outside_strings_only() {
+        assert_eq!(super::nesting_depth(br#"{"a": [1, {"b": "[[[{{{"}]}"#), 3);
+        assert_eq!(super::nesting_depth(br#""\"[""#), 0);
+        assert_eq!(super::nesting_depth(b"[[[[]]]]"), 4);
+    }
 }

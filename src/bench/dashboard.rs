@@ -136,6 +136,7 @@ impl Dashboard {
             registry,
             engine,
             sign_ins: Arc::new(crate::auth::SignInThrottle::standard()),
+            trusted_proxies: Arc::new(Vec::new()),
         };
         Ok((Dashboard { state, runs }, filled_s))
     }

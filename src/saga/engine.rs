@@ -196,6 +196,59 @@ fn unresolved_message(step: i64, waiting_for_person: bool) -> String {
     }
 }
 
+/// This process's lock per run, and the run's agent once known: a run's
+/// owner never changes, so another agent's calls are refused before they
+/// wait for (or hold) the owner's lock. Locks nobody holds or waits for
+/// are dropped as the map grows.
+#[derive(Default)]
+struct RunLocks {
+    slots: HashMap<Uuid, RunSlot>,
+    /// The map's size after its last pruning.
+    pruned_at: usize,
+}
+
+struct RunSlot {
+    lock: Arc<tokio::sync::Mutex<()>>,
+    owner: Option<String>,
+}
+
+impl RunLocks {
+    fn lock_for(&mut self, run_id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+        if self.slots.len() >= (2 * self.pruned_at).max(1024) {
+            // Held or awaited locks have clones outside the map.
+            self.slots
+                .retain(|_, slot| Arc::strong_count(&slot.lock) > 1);
+            self.pruned_at = self.slots.len();
+        }
+        self.slots
+            .entry(run_id)
+            .or_insert_with(|| RunSlot {
+                lock: Default::default(),
+                owner: None,
+            })
+            .lock
+            .clone()
+    }
+
+    /// Whether the run is known to belong to another agent.
+    fn owned_by_another(&self, run_id: Uuid, agent: &str) -> bool {
+        self.slots
+            .get(&run_id)
+            .and_then(|slot| slot.owner.as_deref())
+            .is_some_and(|owner| owner != agent)
+    }
+
+    fn remember_owner(&mut self, run_id: Uuid, owner: &str) {
+        if let Some(slot) = self.slots.get_mut(&run_id) {
+            slot.owner.get_or_insert_with(|| owner.to_owned());
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+}
+
 /// Held while a run is worked on; dropping it lets the next caller in.
 pub(crate) struct RunGuard {
     _claim: Box<dyn RunClaim>,
@@ -208,7 +261,7 @@ pub struct Engine {
     connector: Arc<dyn Connector>,
     /// One call at a time per run in this process, so a re-sent step never
     /// races its own first attempt.
-    run_locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+    run_locks: Mutex<RunLocks>,
 }
 
 impl Engine {
@@ -221,7 +274,7 @@ impl Engine {
             store,
             registry,
             connector,
-            run_locks: Mutex::new(HashMap::new()),
+            run_locks: Mutex::new(RunLocks::default()),
         }
     }
 
@@ -271,10 +324,18 @@ impl Engine {
     }
 
     fn run_lock(&self, run_id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks().lock_for(run_id)
+    }
+
+    fn locks(&self) -> std::sync::MutexGuard<'_, RunLocks> {
         // A poisoned map only means another call panicked; the map is still
         // a valid set of locks.
-        let mut locks = self.run_locks.lock().unwrap_or_else(|p| p.into_inner());
-        locks.entry(run_id).or_default().clone()
+        self.run_locks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many per-run locks this process keeps (bounded: see `RunLocks`).
+    pub fn run_locks_kept(&self) -> usize {
+        self.locks().len()
     }
 
     pub(crate) fn spec(&self, tool: &str) -> Result<&ToolSpec, Refusal> {
@@ -307,12 +368,19 @@ impl Engine {
         step: Option<i64>,
         new_effect: bool,
     ) -> Result<CallOutcome, Refusal> {
+        // Another agent's run: refused before its lock is touched.
+        if self.locks().owned_by_another(run_id, agent) {
+            return Err(Refusal::RunNotFound);
+        }
         let (_serialised, read) = self.serialise_and_read(run_id).await?;
         let ClaimedRead {
             run,
             unsettled,
             owed,
         } = read;
+        if let Some(run) = &run {
+            self.locks().remember_owner(run_id, &run.agent);
+        }
         let run = run
             .filter(|r| r.agent == agent)
             .ok_or(Refusal::RunNotFound)?;

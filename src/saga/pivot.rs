@@ -116,6 +116,25 @@ impl Engine {
         Ok(approval)
     }
 
+    /// Checks that an approval a person is deciding belongs to the run
+    /// whose page they decide it on: another run's approval id (even with
+    /// its right digest) is refused as not found.
+    pub async fn approval_of_run(
+        &self,
+        run_id: Uuid,
+        approval_id: i64,
+    ) -> Result<Approval, Refusal> {
+        self.store()
+            .approval(approval_id)
+            .await?
+            .filter(|a| a.run_id == run_id)
+            .ok_or_else(|| {
+                Refusal::Store(StoreError::NotFound {
+                    what: format!("approval {approval_id} of run {run_id}"),
+                })
+            })
+    }
+
     /// A person's decision on a pivot. Approve commits; reject (or a pivot
     /// past its deadline) unwinds the staged steps.
     pub async fn decide_pivot(

@@ -245,11 +245,12 @@ pub async fn send_correction(id: i64, message: String) -> Result<(), ServerFnErr
         super::ssr::back_to::<String, String>(
             "/corrections",
             Err("The message cannot be empty.".into()),
-        );
+        )
+        .await;
         return Ok(());
     }
     if let Some(why) = super::ssr::unstorable(&message) {
-        super::ssr::back_to::<String, String>("/corrections", Err(why.into()));
+        super::ssr::back_to::<String, String>("/corrections", Err(why.into())).await;
         return Ok(());
     }
     let done = state
@@ -263,7 +264,8 @@ pub async fn send_correction(id: i64, message: String) -> Result<(), ServerFnErr
             Some(other) => format!("Correction #{id} signed off; its send is {other}."),
             None => format!("Correction #{id} is {}.", c.status.as_str()),
         }),
-    );
+    )
+    .await;
     Ok(())
 }
 
@@ -276,11 +278,12 @@ pub async fn dismiss_correction(id: i64, reason: String) -> Result<(), ServerFnE
         super::ssr::back_to::<String, String>(
             "/corrections",
             Err("Say why the correction is dismissed.".into()),
-        );
+        )
+        .await;
         return Ok(());
     }
     if let Some(why) = super::ssr::unstorable(&reason) {
-        super::ssr::back_to::<String, String>("/corrections", Err(why.into()));
+        super::ssr::back_to::<String, String>("/corrections", Err(why.into())).await;
         return Ok(());
     }
     let done = state
@@ -296,7 +299,8 @@ pub async fn dismiss_correction(id: i64, reason: String) -> Result<(), ServerFnE
     super::ssr::back_to(
         "/corrections",
         done.map(|_| format!("Correction #{id} dismissed: {}", reason.trim())),
-    );
+    )
+    .await;
     Ok(())
 }
 
@@ -315,6 +319,6 @@ pub async fn answer_correction_send(id: i64, went_out: String) -> Result<(), Ser
                 format!("Recorded: correction #{id} did not go out. Send it again when ready; it keeps its key.")
             }
         }),
-    );
+    ).await;
     Ok(())
 }

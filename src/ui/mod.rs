@@ -78,12 +78,20 @@ fn LoginPage() -> impl IntoView {
     let login = ServerAction::<Login>::new();
     let query = use_query_map();
     let refused = move || query.read().get("error").is_some_and(|e| e != "throttled");
+    // The wait is a number of minutes or nothing: a link cannot put its
+    // own words on this page.
     let throttled = move || {
         query
             .read()
             .get("error")
             .filter(|e| e == "throttled")
-            .map(|_| query.read().get("wait").unwrap_or_else(|| "15".into()))
+            .map(|_| {
+                query
+                    .read()
+                    .get("wait")
+                    .and_then(|w| w.parse::<u64>().ok())
+                    .map_or(1, |w| w.clamp(1, 60))
+            })
     };
     view! {
         <Title text="Sign in · Saga Harness"/>
@@ -167,20 +175,54 @@ pub fn TopBar() -> impl IntoView {
     .into_any()
 }
 
-/// What the last action said, carried in the query string so it shows with
-/// and without JS: `?notice=…` or `?error=…`.
+/// What the person's last action said: a one-time message kept in their
+/// session by the action and taken out by the page it sent them to, so it
+/// shows with and without JS, once, and a link cannot put words on a page.
 #[component]
 pub fn Notice(query: Memo<leptos_router::params::ParamsMap>) -> impl IntoView {
-    move || {
-        let query = query.read();
-        if let Some(error) = query.get("error") {
-            Some(view! { <p class="error" role="alert">{error}</p> }.into_any())
-        } else {
-            query
-                .get("notice")
-                .map(|notice| view! { <p class="notice" role="status">{notice}</p> }.into_any())
-        }
+    // The query only says that a message waits; its text is the session's.
+    let flash = Resource::new(
+        move || query.read().get("done").is_some(),
+        |waiting| async move {
+            if waiting {
+                take_flash().await.ok().flatten()
+            } else {
+                None
+            }
+        },
+    );
+    view! {
+        <Suspense>
+            {move || Suspend::new(async move {
+                flash.await.map(|flash| {
+                    if flash.error {
+                        view! { <p class="error" role="alert">{flash.text}</p> }.into_any()
+                    } else {
+                        view! { <p class="notice" role="status">{flash.text}</p> }.into_any()
+                    }
+                })
+            })}
+        </Suspense>
     }
+}
+
+/// A one-time message from an action to the page it leads to.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Flash {
+    pub error: bool,
+    pub text: String,
+}
+
+/// The session key of the waiting [`Flash`].
+pub const FLASH_KEY: &str = "flash";
+
+#[server(endpoint = "take_flash")]
+pub async fn take_flash() -> Result<Option<Flash>, ServerFnError> {
+    ssr::session()
+        .await?
+        .remove::<Flash>(FLASH_KEY)
+        .await
+        .map_err(ssr::internal)
 }
 
 /// The CSS class of a status badge: `status status-awaiting-approval`.
@@ -254,43 +296,75 @@ mod live {
 
 #[server(endpoint = "login")]
 pub async fn login(username: String, password: String) -> Result<(), ServerFnError> {
-    use crate::auth::verify_password;
+    use crate::auth::{verify_password, NotNow, MAX_PASSWORD_BYTES, MAX_USERNAME_BYTES};
     let state = ssr::app_state()?;
-    let address = leptos_axum::extract::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+    // Names and passwords no account could have are refused before they
+    // cost a lookup, a hash or a place in the throttle.
+    if username.len() > MAX_USERNAME_BYTES
+        || password.len() > MAX_PASSWORD_BYTES
+        || ssr::unstorable(&username).is_some()
+    {
+        leptos_axum::redirect("/login?error=1");
+        return Ok(());
+    }
+    let peer = leptos_axum::extract::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .await
         .ok()
         .map(|info| info.0.ip());
-    let mut keys = vec![format!("account:{}", username.trim().to_lowercase())];
-    keys.extend(address.map(|ip| format!("address:{ip}")));
-    if let Err(wait) = state.sign_ins.check(&keys) {
-        let minutes = wait.as_secs().div_ceil(60).max(1);
-        leptos_axum::redirect(&format!("/login?error=throttled&wait={minutes}"));
-        return Ok(());
-    }
-    // A name no database could hold belongs to nobody.
-    let credentials = match ssr::unstorable(&username) {
-        Some(_) => None,
-        None => state
-            .store
-            .credentials(username.trim())
-            .await
-            .map_err(ssr::internal)?,
+    let headers = leptos_axum::extract::<axum::http::HeaderMap>()
+        .await
+        .map_err(ssr::internal)?;
+    let address = peer.map(|peer| {
+        crate::server::client_address(
+            peer,
+            headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()),
+            &state.trusted_proxies,
+        )
+    });
+    let username = username.trim().to_owned();
+    // The attempt counts now, before the password is checked, so a burst
+    // of concurrent guesses cannot all pass the limit.
+    let checker = match state.sign_ins.attempt(&username, address) {
+        Ok(checker) => checker,
+        Err(NotNow::Throttled(wait)) => {
+            let minutes = wait.as_secs().div_ceil(60).max(1);
+            leptos_axum::redirect(&format!("/login?error=throttled&wait={minutes}"));
+            return Ok(());
+        }
+        Err(NotNow::Busy) => {
+            let response = expect_context::<leptos_axum::ResponseOptions>();
+            response.set_status(axum::http::StatusCode::SERVICE_UNAVAILABLE);
+            response.insert_header(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+            return Err(ServerFnError::new(
+                "The server is busy checking other sign-ins; try again in a moment.",
+            ));
+        }
     };
+    let credentials = state
+        .store
+        .credentials(&username)
+        .await
+        .map_err(ssr::internal)?;
     // Verify even for an unknown name, so timing does not tell which
     // usernames exist.
     let (hash, user) = match credentials {
         Some(c) => (c.password_hash, Some(c.user)),
         None => (ssr::DECOY_HASH.clone(), None),
     };
-    let verified = tokio::task::spawn_blocking(move || verify_password(&password, &hash))
-        .await
-        .map_err(ssr::internal)?;
+    let verified = tokio::task::spawn_blocking(move || {
+        let verified = verify_password(&password, &hash);
+        drop(checker);
+        verified
+    })
+    .await
+    .map_err(ssr::internal)?;
     let Some(user) = user.filter(|_| verified) else {
-        state.sign_ins.failed(&keys);
         leptos_axum::redirect("/login?error=1");
         return Ok(());
     };
-    state.sign_ins.succeeded(&keys[0]);
     let session = ssr::session().await?;
     // A new id on sign-in, so a session id planted before it is worthless.
     session.cycle_id().await.map_err(ssr::internal)?;
@@ -446,14 +520,31 @@ pub mod ssr {
         Ok(crate::saga::model::Actor::User(user.username))
     }
 
-    /// Sends the browser back to `page` with what happened in words.
-    pub fn back_to<T: std::fmt::Display, E: std::fmt::Display>(page: &str, done: Result<T, E>) {
-        use percent_encoding::{utf8_percent_encode, CONTROLS, NON_ALPHANUMERIC};
-        let (key, text) = match done {
-            Ok(notice) => ("notice", notice.to_string()),
-            Err(refusal) => ("error", refusal.to_string()),
+    /// Sends the browser back to `page` with what happened in words, kept
+    /// in the session for that page to show once.
+    pub async fn back_to<T: std::fmt::Display, E: std::fmt::Display>(
+        page: &str,
+        done: Result<T, E>,
+    ) {
+        use percent_encoding::{utf8_percent_encode, CONTROLS};
+        let flash = match done {
+            Ok(notice) => super::Flash {
+                error: false,
+                text: notice.to_string(),
+            },
+            Err(refusal) => super::Flash {
+                error: true,
+                text: refusal.to_string(),
+            },
         };
-        let text = utf8_percent_encode(&text, NON_ALPHANUMERIC).to_string();
+        match session().await {
+            Ok(session) => {
+                if let Err(err) = session.insert(super::FLASH_KEY, flash).await {
+                    tracing::error!(%err, "keeping a message for the next page");
+                }
+            }
+            Err(err) => tracing::error!(%err, "keeping a message for the next page"),
+        }
         // The page is a path of ours, but made with a form's field: nothing
         // in it may end the header (a panic) or leave the site (`\\`).
         const UNSAFE_IN_PATH: &percent_encoding::AsciiSet = &CONTROLS
@@ -467,7 +558,7 @@ pub mod ssr {
             .add(b'\\')
             .add(b'`');
         let page = utf8_percent_encode(page, UNSAFE_IN_PATH).to_string();
-        leptos_axum::redirect(&format!("{page}?{key}={text}"));
+        leptos_axum::redirect(&format!("{page}?done=1"));
     }
 
     /// Logs the cause and tells the client only that something failed.

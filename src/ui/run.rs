@@ -418,10 +418,15 @@ pub async fn decide_pivot(
     let run = super::ssr::run_id(&run)?;
     let state = super::ssr::app_state()?;
     let approve = super::ssr::choice("decision", &decision, "approve", "reject")?;
-    let done = state
-        .engine
-        .decide_pivot(approval, &digest, approve, &person)
-        .await;
+    let done = match state.engine.approval_of_run(run, approval).await {
+        Ok(_) => {
+            state
+                .engine
+                .decide_pivot(approval, &digest, approve, &person)
+                .await
+        }
+        Err(refused) => Err(refused),
+    };
     super::ssr::back_to(
         &format!("/runs/{run}"),
         done.map(|run| {
@@ -431,7 +436,8 @@ pub async fn decide_pivot(
                 run.status.as_str()
             )
         }),
-    );
+    )
+    .await;
     Ok(())
 }
 
@@ -447,10 +453,15 @@ pub async fn decide_step(
     let run = super::ssr::run_id(&run)?;
     let state = super::ssr::app_state()?;
     let approve = super::ssr::choice("decision", &decision, "approve", "reject")?;
-    let done = state
-        .engine
-        .decide_step(approval, &digest, approve, &person)
-        .await;
+    let done = match state.engine.approval_of_run(run, approval).await {
+        Ok(_) => {
+            state
+                .engine
+                .decide_step(approval, &digest, approve, &person)
+                .await
+        }
+        Err(refused) => Err(refused),
+    };
     super::ssr::back_to(
         &format!("/runs/{run}"),
         done.map(|step| {
@@ -461,7 +472,8 @@ pub async fn decide_step(
                 step.status.as_str()
             )
         }),
-    );
+    )
+    .await;
     Ok(())
 }
 
@@ -485,7 +497,8 @@ pub async fn answer_question(
                 if yes { "happened" } else { "did not happen" }
             )
         }),
-    );
+    )
+    .await;
     Ok(())
 }
 
@@ -516,7 +529,8 @@ pub async fn answer_compensation(
                 )
             }
         }),
-    );
+    )
+    .await;
     Ok(())
 }
 
@@ -529,18 +543,20 @@ pub async fn unwind_run(run: String, reason: String) -> Result<(), ServerFnError
         super::ssr::back_to::<String, String>(
             &format!("/runs/{run}"),
             Err("Say why the run is unwound.".into()),
-        );
+        )
+        .await;
         return Ok(());
     }
     if let Some(why) = super::ssr::unstorable(&reason) {
-        super::ssr::back_to::<String, String>(&format!("/runs/{run}"), Err(why.into()));
+        super::ssr::back_to::<String, String>(&format!("/runs/{run}"), Err(why.into())).await;
         return Ok(());
     }
     let done = state.engine.unwind(run_id, &person, reason.trim()).await;
     super::ssr::back_to(
         &format!("/runs/{run}"),
         done.map(|run| format!("Unwound: the run is now {}.", run.status.as_str())),
-    );
+    )
+    .await;
     Ok(())
 }
 

@@ -229,6 +229,24 @@ impl Dashboard {
     }
 }
 
+/// The one-time message the last dashboard action left for the next page,
+/// as `error=TEXT` or `notice=TEXT`; empty when there is none.
+pub async fn flash(http: &reqwest::Client, base: &str) -> String {
+    let response = http
+        .post(format!("{base}/api/take_flash"))
+        .header("origin", base)
+        .form(&[] as &[(&str, &str)])
+        .send()
+        .await
+        .expect("the message answers");
+    let value: serde_json::Value = response.json().await.unwrap_or_default();
+    match value.get("text").and_then(|t| t.as_str()) {
+        Some(text) if value["error"] == true => format!("error={text}"),
+        Some(text) => format!("notice={text}"),
+        None => String::new(),
+    }
+}
+
 impl Default for Dashboard {
     fn default() -> Self {
         Self::new()

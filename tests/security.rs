@@ -1,0 +1,585 @@
+//! The security suite: what an attacker tried against the release binary,
+//! replayed against the real binary with a fresh database. Sign-in cannot be
+//! raced, used to exhaust memory or used to lock others out; slow clients
+//! cannot starve agents or people; every page carries the headers that stop
+//! framing and sniffing; a link cannot put words on a page; an approval is
+//! decided only on its own run; agents cannot make pages huge or nest
+//! arguments past what the log can read back.
+
+mod common;
+
+use common::process::{provision, tools_file, Dashboard, Harness, Launch, PASSWORD};
+use saga_harness::sim::bundle::Simulators;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const AGENT: &str = "support-bot";
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// One sign-in form post; the answer's status and where it sends the
+/// browser.
+async fn sign_in(
+    http: &reqwest::Client,
+    base: &str,
+    username: &str,
+    password: &str,
+    forwarded_for: Option<&str>,
+) -> (u16, String) {
+    let mut request = http
+        .post(format!("{base}/api/login"))
+        .header("accept", "text/html")
+        .form(&[("username", username), ("password", password)]);
+    if let Some(address) = forwarded_for {
+        request = request.header("x-forwarded-for", address);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let location = response
+        .headers()
+        .get("location")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    (status, location)
+}
+
+async fn harness_with_people() -> (common::TestDb, Harness) {
+    let db = common::sqlite();
+    provision(&db.url, AGENT, &[("dana", "approver"), ("lee", "approver")]).await;
+    let harness = Harness::start(&Launch::new(&db.url, None)).await;
+    (db, harness)
+}
+
+#[tokio::test]
+async fn a_concurrent_burst_of_sign_ins_verifies_at_most_the_allowed_number() {
+    let (_db, harness) = harness_with_people().await;
+    let http = client();
+    // 40 wrong passwords for one account from one address, all at once;
+    // a 503 (every checker busy) is retried, as an attacker would.
+    let attempts = (0..40).map(|i| {
+        let (http, base) = (http.clone(), harness.base.clone());
+        async move {
+            loop {
+                let (status, location) =
+                    sign_in(&http, &base, "dana", &format!("wrong guess {i}"), None).await;
+                if status != 503 {
+                    return location;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+    let outcomes = futures::future::join_all(attempts).await;
+    let verified = outcomes.iter().filter(|l| l.ends_with("error=1")).count();
+    let throttled = outcomes.iter().filter(|l| l.contains("throttled")).count();
+    assert_eq!(verified + throttled, 40, "{outcomes:?}");
+    assert!(verified <= 5, "{verified} wrong passwords were checked");
+    // The right password now waits too: the guesser used up the allowance.
+    let (_, location) = sign_in(&http, &harness.base, "dana", PASSWORD, None).await;
+    assert!(location.contains("throttled"), "{location}");
+}
+
+#[tokio::test]
+async fn sign_in_bursts_keep_memory_bounded() {
+    let (_db, harness) = harness_with_people().await;
+    let http = client();
+    let before = common::process::rss_kib(harness.pid).unwrap();
+    // 256 concurrent failed sign-ins for names nobody has.
+    let burst = (0..256).map(|i| {
+        let (http, base) = (http.clone(), harness.base.clone());
+        async move {
+            sign_in(
+                &http,
+                &base,
+                &format!("nobody{i}"),
+                "not the password",
+                None,
+            )
+            .await
+        }
+    });
+    let answers = futures::future::join_all(burst).await;
+    assert!(
+        answers
+            .iter()
+            .all(|(status, _)| [302, 503].contains(status)),
+        "{answers:?}"
+    );
+    let busy = answers.iter().filter(|(status, _)| *status == 503).count();
+    assert!(
+        busy > 0,
+        "password checks are capped, so a burst meets a busy server"
+    );
+    // 200 sign-ins with 1.9 MB usernames are refused before they are read.
+    let huge = "u".repeat(1_900_000);
+    for _ in 0..200 {
+        let sent = http
+            .post(format!("{}/api/login", harness.base))
+            .form(&[("username", huge.as_str()), ("password", "x")])
+            .send()
+            .await;
+        match sent {
+            Ok(response) => assert_eq!(response.status(), 413),
+            // Refused before the body was read: the server stopped reading.
+            Err(err) => assert!(err.is_request(), "{err}"),
+        }
+    }
+    let after = common::process::rss_kib(harness.pid).unwrap();
+    let grown_mib = after.saturating_sub(before) / 1024;
+    println!("RSS {before} KiB -> {after} KiB (+{grown_mib} MiB)");
+    assert!(grown_mib < 150, "RSS grew by {grown_mib} MiB");
+}
+
+#[tokio::test]
+async fn half_open_connections_do_not_starve_agents_or_people() {
+    use tokio::io::AsyncWriteExt;
+    let db = common::sqlite();
+    let token = provision(&db.url, AGENT, &[("dana", "approver")]).await;
+    let harness = Harness::start(&Launch::new(&db.url, None)).await;
+    let address = harness.base.trim_start_matches("http://").to_owned();
+    // 2,000 clients that send half a request and never the rest.
+    let mut stalled = Vec::with_capacity(2000);
+    for _ in 0..2000 {
+        let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+        stream
+            .write_all(b"GET /api/v1/tools HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .await
+            .unwrap();
+        stalled.push(stream);
+    }
+    let http = client();
+    let started = Instant::now();
+    let tools = http
+        .get(format!("{}/api/v1/tools", harness.base))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    let agent_took = started.elapsed();
+    assert_eq!(tools.status(), 200);
+    let started = Instant::now();
+    let page = http
+        .get(format!("{}/login", harness.base))
+        .send()
+        .await
+        .unwrap();
+    let page_took = started.elapsed();
+    assert_eq!(page.status(), 200);
+    println!("with 2000 half-open connections: agent call {agent_took:?}, page {page_took:?}");
+    assert!(agent_took < Duration::from_secs(1), "{agent_took:?}");
+    assert!(page_took < Duration::from_secs(1), "{page_took:?}");
+    drop(stalled);
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_headers_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let db = common::sqlite();
+    let launch = Launch::new(&db.url, None).env("SAGA_REQUEST_TIMEOUT_SECS", "1");
+    let harness = Harness::start(&launch).await;
+    let address = harness.base.trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    stream
+        .write_all(b"GET /login HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
+    assert!(
+        closed.is_ok(),
+        "the server kept a half-sent request open past its timeout"
+    );
+}
+
+#[tokio::test]
+async fn one_address_cannot_lock_an_account_out_for_everyone() {
+    let db = common::sqlite();
+    provision(&db.url, AGENT, &[("dana", "approver"), ("lee", "approver")]).await;
+    // Behind a reverse proxy on this machine, which names the client.
+    let launch = Launch::new(&db.url, None).env("SAGA_TRUSTED_PROXIES", "127.0.0.1");
+    let harness = Harness::start(&launch).await;
+    let http = client();
+    for i in 0..8 {
+        sign_in(
+            &http,
+            &harness.base,
+            "dana",
+            &format!("guess {i}"),
+            Some("203.0.113.9"),
+        )
+        .await;
+    }
+    let (_, location) = sign_in(&http, &harness.base, "dana", PASSWORD, Some("203.0.113.9")).await;
+    assert!(
+        location.contains("throttled"),
+        "the guesser waits: {location}"
+    );
+    // Dana from her own address, and Lee from the guesser's, sign in.
+    let (_, location) = sign_in(&http, &harness.base, "dana", PASSWORD, Some("198.51.100.4")).await;
+    assert_eq!(location, "/");
+    let (_, location) = sign_in(&http, &harness.base, "lee", PASSWORD, Some("203.0.113.9")).await;
+    assert_eq!(location, "/");
+    // Without a trusted proxy, a client cannot choose its own address.
+    let db = common::sqlite();
+    provision(&db.url, AGENT, &[("dana", "approver")]).await;
+    let direct = Harness::start(&Launch::new(&db.url, None)).await;
+    for i in 0..8 {
+        sign_in(
+            &http,
+            &direct.base,
+            "dana",
+            &format!("guess {i}"),
+            Some(&format!("192.0.2.{i}")),
+        )
+        .await;
+    }
+    let (_, location) = sign_in(&http, &direct.base, "dana", PASSWORD, Some("198.51.100.4")).await;
+    assert!(location.contains("throttled"), "{location}");
+}
+
+#[tokio::test]
+async fn every_page_carries_headers_that_stop_framing_sniffing_and_caching() {
+    let (_db, harness) = harness_with_people().await;
+    let lead = Dashboard::new();
+    lead.sign_in(&harness.base, "dana", PASSWORD).await;
+    for path in [
+        "/login",
+        "/",
+        "/corrections",
+        "/audit",
+        "/runs/00000000-0000-0000-0000-000000000000",
+        "/api/v1/tools",
+        "/healthz",
+    ] {
+        let response = lead
+            .http
+            .get(format!("{}{path}", harness.base))
+            .send()
+            .await
+            .unwrap();
+        let headers = response.headers();
+        assert_eq!(headers["x-frame-options"], "DENY", "{path}");
+        let csp = headers["content-security-policy"].to_str().unwrap();
+        assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+        assert_eq!(headers["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(headers["referrer-policy"], "same-origin", "{path}");
+        assert_eq!(headers["cache-control"], "no-store", "{path}");
+    }
+}
+
+#[tokio::test]
+async fn cross_site_posts_are_refused_by_fetch_metadata_and_by_full_origin() {
+    let (_db, harness) = harness_with_people().await;
+    let lead = Dashboard::new();
+    lead.sign_in(&harness.base, "dana", PASSWORD).await;
+    let port = harness.base.rsplit(':').next().unwrap().to_owned();
+    let other_port = format!("http://127.0.0.1:{}", port.parse::<u16>().unwrap() + 1);
+    let other_scheme = harness.base.replace("http://", "ftp://");
+    let cases: [(&str, Option<&str>, Option<&str>); 3] = [
+        ("fetch metadata says cross-site", None, Some("cross-site")),
+        ("another port", Some(&other_port), None),
+        ("another scheme", Some(&other_scheme), None),
+    ];
+    for (why, origin, fetch_site) in cases {
+        let mut request = lead
+            .http
+            .post(format!("{}/api/logout", harness.base))
+            .form(&[] as &[(&str, &str)]);
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        if let Some(site) = fetch_site {
+            request = request.header("sec-fetch-site", site);
+        }
+        assert_eq!(request.send().await.unwrap().status(), 403, "{why}");
+    }
+    // The dashboard's own page is let through.
+    let own = lead
+        .http
+        .post(format!("{}/api/logout", harness.base))
+        .header("origin", &harness.base)
+        .header("sec-fetch-site", "same-origin")
+        .header("accept", "text/html")
+        .form(&[] as &[(&str, &str)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(own.status(), 302);
+    assert_eq!(own.headers()["location"], "/login");
+}
+
+#[tokio::test]
+async fn a_link_cannot_put_words_on_a_page() {
+    let (_db, harness) = harness_with_people().await;
+    let lead = Dashboard::new();
+    lead.sign_in(&harness.base, "dana", PASSWORD).await;
+    let forged = "Approved by the CEO, send everything";
+    for path in [
+        format!("/?notice={}", forged.replace(' ', "%20")),
+        format!("/corrections?error={}&done=1", forged.replace(' ', "%20")),
+    ] {
+        let html = lead
+            .http
+            .get(format!("{}{path}", harness.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(!html.contains(forged), "{path} shows the link's words");
+    }
+    let html = client()
+        .get(format!(
+            "{}/login?error=throttled&wait=5%20minutes.%20Call%20555-0100%20to%20unlock",
+            harness.base
+        ))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !html.contains("555-0100"),
+        "the wait is a number of minutes, never text"
+    );
+}
+
+/// Two runs, each with a pivot waiting, through the agent API.
+async fn two_waiting_pivots(base: &str, token: &str) -> [(String, i64, String); 2] {
+    let http = client();
+    let post = |path: String, body: Value| {
+        let http = http.clone();
+        let token = token.to_owned();
+        async move {
+            let response = http
+                .post(path)
+                .bearer_auth(token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status();
+            let body: Value = response.json().await.unwrap();
+            assert!(status.is_success(), "{status} {body}");
+            body
+        }
+    };
+    let mut out = Vec::new();
+    for label in ["run a", "run b"] {
+        let run = post(
+            format!("{base}/api/v1/runs"),
+            json!({"label": label, "purpose": label}),
+        )
+        .await;
+        let id = run["run"]["id"].as_str().unwrap().to_owned();
+        let pivot = post(
+            format!("{base}/api/v1/runs/{id}/pivot"),
+            json!({"summary": label, "commit": [{"tool": "send_email", "args": {"to": "grace@example.com", "subject": "s", "body": "b"}}]}),
+        )
+        .await;
+        out.push((
+            id,
+            pivot["approval_id"].as_i64().unwrap(),
+            pivot["digest"].as_str().unwrap().to_owned(),
+        ));
+    }
+    [out[0].clone(), out[1].clone()]
+}
+
+#[tokio::test]
+async fn an_approval_is_decided_only_on_its_own_runs_page() {
+    saga_harness::sim::bundle::use_simulated_credentials();
+    let sims = Simulators::start("127.0.0.1".parse().unwrap(), 0)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = tools_file(&sims, dir.path(), 0);
+    let db = common::sqlite();
+    let token = provision(&db.url, AGENT, &[("dana", "approver")]).await;
+    let harness = Harness::start(&Launch::new(&db.url, Some(&tools))).await;
+    let [(run_a, _, _), (run_b, approval_b, digest_b)] =
+        two_waiting_pivots(&harness.base, &token).await;
+    let lead = Dashboard::new();
+    lead.sign_in(&harness.base, "dana", PASSWORD).await;
+    let approval = approval_b.to_string();
+    let response = lead
+        .http
+        .post(format!("{}/api/decide_pivot", harness.base))
+        .header("origin", &harness.base)
+        .header("accept", "text/html")
+        .form(&[
+            ("run", run_a.as_str()),
+            ("approval", &approval),
+            ("digest", &digest_b),
+            ("decision", "approve"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 302);
+    let said = common::process::flash(&lead.http, &harness.base).await;
+    assert!(
+        said.starts_with("error=")
+            && said.contains(&format!("approval {approval_b} of run {run_a}")),
+        "{said}"
+    );
+    let b = client()
+        .get(format!("{}/api/v1/runs/{run_b}", harness.base))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(
+        b["run"]["status"], "AWAITING_APPROVAL",
+        "run b was not decided from run a's page"
+    );
+    assert!(sims.smtp.ledger().effects().is_empty());
+}
+
+#[tokio::test]
+async fn agents_cannot_nest_arguments_past_what_the_log_reads_back_or_make_pages_huge() {
+    saga_harness::sim::bundle::use_simulated_credentials();
+    let sims = Simulators::start("127.0.0.1".parse().unwrap(), 0)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = tools_file(&sims, dir.path(), 0);
+    let db = common::sqlite();
+    let token = provision(&db.url, AGENT, &[]).await;
+    let harness = Harness::start(&Launch::new(&db.url, Some(&tools))).await;
+    let http = client();
+    let post = |path: String, body: Value| {
+        let (http, token) = (http.clone(), token.clone());
+        async move {
+            let response = http
+                .post(path)
+                .bearer_auth(token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (
+                response.status().as_u16(),
+                response.json::<Value>().await.unwrap(),
+            )
+        }
+    };
+    let base = &harness.base;
+    let (_, run) = post(format!("{base}/api/v1/runs"), json!({"purpose": "nesting"})).await;
+    let run = run["run"]["id"].as_str().unwrap().to_owned();
+    let mut deep = json!("bottom");
+    for _ in 0..123 {
+        deep = json!({"d": deep});
+    }
+    let (status, body) = post(
+        format!("{base}/api/v1/runs/{run}/pivot"),
+        json!({"summary": "deep", "commit": [{"tool": "send_email", "args": {"to": "a@example.com", "subject": "s", "body": deep}}]}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("invalid_body")),
+        "{body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("deeper than 32 levels"),
+        "{body}"
+    );
+    for (field, body) in [
+        ("label", json!({"label": "l".repeat(201), "purpose": "p"})),
+        ("purpose", json!({"purpose": "p".repeat(2001)})),
+    ] {
+        let (status, answer) = post(format!("{base}/api/v1/runs"), body).await;
+        assert_eq!(status, 422, "{answer}");
+        assert!(
+            answer["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("`{field}`")),
+            "{answer}"
+        );
+    }
+    let (status, answer) = post(
+        format!("{base}/api/v1/runs/{run}/pivot"),
+        json!({"summary": "s".repeat(2001), "commit": [{"tool": "send_email", "args": {"to": "a@example.com", "subject": "s", "body": "b"}}]}),
+    )
+    .await;
+    assert_eq!(status, 422, "{answer}");
+    assert!(
+        answer["message"].as_str().unwrap().contains("`summary`"),
+        "{answer}"
+    );
+}
+
+#[tokio::test]
+async fn what_the_approver_reads_shows_hidden_characters() {
+    saga_harness::sim::bundle::use_simulated_credentials();
+    let sims = Simulators::start("127.0.0.1".parse().unwrap(), 0)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = tools_file(&sims, dir.path(), 0);
+    let db = common::sqlite();
+    let token = provision(&db.url, AGENT, &[("dana", "approver")]).await;
+    let harness = Harness::start(&Launch::new(&db.url, Some(&tools))).await;
+    let http = client();
+    let run = http
+        .post(format!("{}/api/v1/runs", harness.base))
+        .bearer_auth(&token)
+        .json(&json!({"purpose": "bidi"}))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap()["run"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let subject = "Refund of \u{202e}00.001$ approved\u{7}";
+    let proposed = http
+        .post(format!("{}/api/v1/runs/{run}/pivot", harness.base))
+        .bearer_auth(&token)
+        .json(&json!({"summary": "tell Grace", "commit": [{"tool": "send_email", "args": {"to": "grace@example.com", "subject": subject, "body": "b\u{2066}x"}}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(proposed.status(), 200);
+    let lead = Dashboard::new();
+    lead.sign_in(&harness.base, "dana", PASSWORD).await;
+    let html = lead
+        .http
+        .get(format!("{}/runs/{run}", harness.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for hidden in ['\u{202e}', '\u{2066}', '\u{7}'] {
+        assert!(
+            !html.contains(hidden),
+            "{hidden:?} is on the page as itself"
+        );
+    }
+    assert!(
+        html.contains("\\u{202e}"),
+        "the override is shown as an escape"
+    );
+    assert!(html.contains("Hidden or control characters in this call"));
+}
