@@ -16,17 +16,73 @@ pub const TOKEN_PREFIX: &str = "sh_";
 pub enum AuthError {
     #[error("password must be at least {min} characters")]
     PasswordTooShort { min: usize },
+    #[error("password must be at most {max} bytes")]
+    PasswordTooLong { max: usize },
+    #[error("that password is one of the first guessers try; choose another")]
+    CommonPassword,
     #[error("cannot hash password: {0}")]
     Hash(String),
 }
 
 pub const MIN_PASSWORD_LEN: usize = 8;
 
+/// Passwords of eight characters or more that guessers try first.
+const COMMON_PASSWORDS: [&str; 40] = [
+    "password",
+    "password1",
+    "password12",
+    "password123",
+    "passw0rd",
+    "12345678",
+    "123456789",
+    "1234567890",
+    "87654321",
+    "11111111",
+    "00000000",
+    "88888888",
+    "qwertyui",
+    "qwerty123",
+    "qwerty12",
+    "1q2w3e4r",
+    "1qaz2wsx",
+    "zaq12wsx",
+    "abc12345",
+    "abcd1234",
+    "iloveyou",
+    "sunshine",
+    "football",
+    "baseball",
+    "welcome1",
+    "welcome123",
+    "trustno1",
+    "superman",
+    "princess",
+    "letmein1",
+    "admin123",
+    "administrator",
+    "changeme",
+    "starwars",
+    "whatever",
+    "computer",
+    "michael1",
+    "corvette",
+    "mercedes",
+    "asdfghjk",
+];
+
 pub fn hash_password(password: &str) -> Result<String, AuthError> {
     if password.chars().count() < MIN_PASSWORD_LEN {
         return Err(AuthError::PasswordTooShort {
             min: MIN_PASSWORD_LEN,
         });
+    }
+    if password.len() > MAX_PASSWORD_BYTES {
+        return Err(AuthError::PasswordTooLong {
+            max: MAX_PASSWORD_BYTES,
+        });
+    }
+    if COMMON_PASSWORDS.contains(&password.to_lowercase().as_str()) {
+        return Err(AuthError::CommonPassword);
     }
     let salt = SaltString::generate(&mut OsRng);
     Argon2::default()
@@ -86,6 +142,18 @@ mod tests {
         assert!(verify_password("correct horse", &hash));
         assert!(!verify_password("correct horse!", &hash));
         assert!(!verify_password("correct horse", "not a hash"));
+    }
+
+    #[test]
+    fn common_and_overlong_passwords_are_refused() {
+        assert!(matches!(
+            hash_password("Password123"),
+            Err(AuthError::CommonPassword)
+        ));
+        assert!(matches!(
+            hash_password(&"x".repeat(MAX_PASSWORD_BYTES + 1)),
+            Err(AuthError::PasswordTooLong { .. })
+        ));
     }
 
     #[test]

@@ -84,6 +84,32 @@ async fn run(command: Command) -> anyhow::Result<()> {
             eprintln!("added {} ({})", user.username, user.role);
             Ok(())
         }
+        Command::User(UserCommand::Remove { username, database }) => {
+            let opened = open(&database).await?;
+            let user = opened.saga_store().remove_user(username.trim()).await?;
+            eprintln!("removed {} ({})", user.username, user.role);
+            Ok(())
+        }
+        Command::User(UserCommand::Role {
+            username,
+            role,
+            database,
+        }) => {
+            let role: Role = role.parse()?;
+            let opened = open(&database).await?;
+            let user = opened.saga_store().set_role(username.trim(), role).await?;
+            eprintln!("{} is now {}", user.username, user.role);
+            Ok(())
+        }
+        Command::Token(TokenCommand::Revoke { agent, database }) => {
+            let opened = open(&database).await?;
+            let revoked = opened.saga_store().revoke_tokens(agent.trim()).await?;
+            if revoked == 0 {
+                bail!("agent {} has no live token", agent.trim());
+            }
+            eprintln!("revoked {revoked} token(s) of agent {}", agent.trim());
+            Ok(())
+        }
         Command::Token(TokenCommand::Create {
             agent,
             label,

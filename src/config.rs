@@ -177,6 +177,23 @@ pub enum UserCommand {
         #[command(flatten)]
         database: DatabaseArgs,
     },
+    /// Remove a support lead; their sessions end at their next request.
+    Remove {
+        #[arg(long)]
+        username: String,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// Change a support lead's role; it applies from their next request.
+    Role {
+        #[arg(long)]
+        username: String,
+        /// viewer, approver or admin
+        #[arg(long)]
+        role: String,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -187,6 +204,13 @@ pub enum TokenCommand {
         agent: String,
         #[arg(long)]
         label: Option<String>,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// Revoke every token of an agent; its next call is refused.
+    Revoke {
+        #[arg(long)]
+        agent: String,
         #[command(flatten)]
         database: DatabaseArgs,
     },

@@ -344,6 +344,7 @@ async fn router(
                 .migrate()
                 .await
                 .map_err(|e| ServerError::Sessions(e.to_string()))?;
+            delete_expired_sessions(sessions.clone());
             app.layer(session_layer(sessions, expiry, secure))
         }
         Opened::Postgres(store) => {
@@ -352,9 +353,30 @@ async fn router(
                 .migrate()
                 .await
                 .map_err(|e| ServerError::Sessions(e.to_string()))?;
+            delete_expired_sessions(sessions.clone());
             app.layer(session_layer(sessions, expiry, secure))
         }
     })
+}
+
+/// Expired sessions are deleted from the table every few minutes, not
+/// only when their cookie comes back.
+fn delete_expired_sessions<S>(sessions: S)
+where
+    S: tower_sessions::session_store::ExpiredDeletion + Clone + 'static,
+{
+    tokio::spawn(async move {
+        // At start-up too: the store's own loop first waits a period.
+        if let Err(err) = sessions.delete_expired().await {
+            tracing::error!(%err, "deleting expired sessions");
+        }
+        if let Err(err) = sessions
+            .continuously_delete_expired(std::time::Duration::from_secs(300))
+            .await
+        {
+            tracing::error!(%err, "deleting expired sessions stopped");
+        }
+    });
 }
 
 fn session_layer<S: tower_sessions::SessionStore + Clone>(

@@ -171,6 +171,10 @@ async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<usize, String>
         case.maybe_fault(operation(tool));
         let mut resends = 0;
         let mut rounds = 0;
+        // This agent means each planned call as an effect of its own: told
+        // that an earlier call of the same tool is still owed its outcome
+        // (R12), it says so rather than re-sending the earlier step.
+        let mut new_effect = false;
         loop {
             rounds += 1;
             if rounds > 12 {
@@ -180,10 +184,14 @@ async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<usize, String>
             }
             let step = Some(next_step);
             let result = surviving_crashes!(case, |engine| engine
-                .call(AGENT, run.id, tool, args.clone(), step)
+                .call_with(AGENT, run.id, tool, args.clone(), step, new_effect)
                 .await);
             let outcome = match result {
                 Ok(outcome) => outcome,
+                Err(refusal) if refusal.code() == "retry_of_unresolved_step" && !new_effect => {
+                    new_effect = true;
+                    continue;
+                }
                 Err(refusal)
                     if refusal.code() == "step_unresolved" || refusal.code() == "run_closed" =>
                 {

@@ -583,3 +583,261 @@ async fn what_the_approver_reads_shows_hidden_characters() {
     );
     assert!(html.contains("Hidden or control characters in this call"));
 }
+
+#[tokio::test]
+async fn agents_cannot_push_peoples_decisions_off_the_audit_page() {
+    use saga_harness::saga::model::{Actor, NewRun};
+    let db = common::sqlite();
+    provision(&db.url, AGENT, &[("dana", "approver")]).await;
+    {
+        let opened = saga_harness::store::open(&db.url).await.unwrap();
+        let store = opened.saga_store();
+        let (run, _) = store
+            .create_run(NewRun {
+                agent: AGENT.into(),
+                label: None,
+                purpose: "noise".into(),
+            })
+            .await
+            .unwrap();
+        store
+            .note(
+                run.id,
+                &Actor::User("dana".into()),
+                "dana's decision that must stay visible",
+            )
+            .await
+            .unwrap();
+        for i in 0..6000 {
+            store
+                .note(
+                    run.id,
+                    &Actor::Agent(AGENT.into()),
+                    &format!("agent noise {i}"),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    let harness = Harness::start(&Launch::new(&db.url, None)).await;
+    let lead = Dashboard::new();
+    lead.sign_in(&harness.base, "dana", PASSWORD).await;
+    let html = lead
+        .http
+        .get(format!("{}/audit", harness.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        html.contains("dana&#x27;s decision that must stay visible")
+            || html.contains("dana's decision that must stay visible")
+    );
+    assert!(!html.contains("agent noise"));
+    // Everything, a page at a time, with a link to older lines.
+    let html = lead
+        .http
+        .get(format!("{}/audit?all=1", harness.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("agent noise 5999"));
+    assert!(
+        !html.contains("agent noise 5000"),
+        "one page, not the whole trail"
+    );
+    assert!(html.contains("before="), "a link to older lines");
+}
+
+/// Runs the binary's own command line against a database.
+fn command(url: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_saga-harness"))
+        .args(args)
+        .env("DATABASE_URL", url)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn removed_people_changed_roles_and_revoked_tokens_take_effect_at_once() {
+    // Several processes share PostgreSQL, so the commands run while the
+    // server serves (a SQLite file is one process's).
+    let Some(db) = common::postgres().await else {
+        return;
+    };
+    let token = provision(&db.url, AGENT, &[("dana", "approver"), ("lee", "admin")]).await;
+    let harness = Harness::start(&Launch::new(&db.url, None)).await;
+    let dana = Dashboard::new();
+    // Usernames are case-insensitive.
+    dana.sign_in(&harness.base, "Dana", PASSWORD).await;
+    let lee = Dashboard::new();
+    lee.sign_in(&harness.base, "lee", PASSWORD).await;
+    let whoami = |who: &Dashboard| {
+        let (http, base) = (who.http.clone(), harness.base.clone());
+        async move {
+            let response = http
+                .post(format!("{base}/api/me"))
+                .header("origin", &base)
+                .form(&[] as &[(&str, &str)])
+                .send()
+                .await
+                .unwrap();
+            response.json::<Value>().await.unwrap()
+        }
+    };
+    assert_eq!(whoami(&dana).await["role"], "approver");
+
+    let changed = command(
+        &db.url,
+        &["user", "role", "--username", "dana", "--role", "viewer"],
+    );
+    assert!(
+        changed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&changed.stderr)
+    );
+    assert_eq!(
+        whoami(&dana).await["role"],
+        "viewer",
+        "the next request sees the new role"
+    );
+
+    let removed = command(&db.url, &["user", "remove", "--username", "LEE"]);
+    assert!(
+        removed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&removed.stderr)
+    );
+    let page = lee
+        .http
+        .get(format!("{}/", harness.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        page.headers()["location"],
+        "/login",
+        "a removed person is signed out"
+    );
+
+    let tools = |token: String| {
+        let base = harness.base.clone();
+        async move {
+            client()
+                .get(format!("{base}/api/v1/tools"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(tools(token.clone()).await, 200);
+    let revoked = command(&db.url, &["token", "revoke", "--agent", AGENT]);
+    assert!(
+        revoked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoked.stderr)
+    );
+    assert_eq!(tools(token).await, 401);
+
+    // A second Dana cannot be created beside the first, and a common
+    // password is refused.
+    let mut add = std::process::Command::new(env!("CARGO_BIN_EXE_saga-harness"))
+        .args([
+            "user",
+            "add",
+            "--username",
+            "DANA",
+            "--role",
+            "viewer",
+            "--password-stdin",
+        ])
+        .env("DATABASE_URL", &db.url)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    add.stdin
+        .take()
+        .unwrap()
+        .write_all(b"a long fresh passphrase\n")
+        .unwrap();
+    let added = add.wait_with_output().unwrap();
+    assert!(!added.status.success());
+    assert!(String::from_utf8_lossy(&added.stderr).contains("already exists"));
+    let mut weak = std::process::Command::new(env!("CARGO_BIN_EXE_saga-harness"))
+        .args([
+            "user",
+            "add",
+            "--username",
+            "kim",
+            "--role",
+            "viewer",
+            "--password-stdin",
+        ])
+        .env("DATABASE_URL", &db.url)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    weak.stdin
+        .take()
+        .unwrap()
+        .write_all(b"password123\n")
+        .unwrap();
+    let weak = weak.wait_with_output().unwrap();
+    assert!(!weak.status.success());
+    assert!(String::from_utf8_lossy(&weak.stderr).contains("first guessers try"));
+}
+
+#[tokio::test]
+async fn expired_sessions_are_deleted_from_the_table() {
+    let db = common::sqlite();
+    provision(&db.url, AGENT, &[("dana", "approver")]).await;
+    // A server made the session table; a session expired in it since.
+    let harness = Harness::start(&Launch::new(&db.url, None)).await;
+    drop(harness);
+    let path = db.url.trim_start_matches("sqlite://").to_owned();
+    let count = |path: String| async move {
+        let mut conn =
+            <sqlx::SqliteConnection as sqlx::Connection>::connect(&format!("sqlite://{path}"))
+                .await
+                .unwrap();
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM tower_sessions WHERE id = 'expired-one'")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        n
+    };
+    {
+        let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&db.url)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO tower_sessions (id, data, expiry_date) VALUES ('expired-one', x'00', 1)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    assert_eq!(count(path.clone()).await, 1);
+    let harness = Harness::start(&Launch::new(&db.url, None)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(path.clone()).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the expired session is still in the table"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(harness);
+}

@@ -258,6 +258,16 @@ pub trait SagaStore: Send + Sync + 'static {
 
     /// Every run's events, newest first (the audit page).
     async fn recent_events(&self, limit: i64) -> StoreResult<Vec<Event>>;
+    /// One page of the audit trail, newest first: events with ids below
+    /// `before_id` (all when `None`), only people's decisions when
+    /// `people_only`. Filtered in the database, so agents' events cannot
+    /// push people's decisions off the page.
+    async fn audit_page(
+        &self,
+        people_only: bool,
+        before_id: Option<i64>,
+        limit: i64,
+    ) -> StoreResult<Vec<Event>>;
     /// Every run's events with ids above `after_id`, oldest first (the
     /// dashboard's live stream).
     async fn all_events_after(&self, after_id: i64, limit: i64) -> StoreResult<Vec<Event>>;
@@ -270,7 +280,14 @@ pub trait SagaStore: Send + Sync + 'static {
         password_hash: &str,
         role: super::class::Role,
     ) -> StoreResult<User>;
+    /// The person by username, whatever its case.
     async fn credentials(&self, username: &str) -> StoreResult<Option<Credentials>>;
+    /// Removes a person; their sessions end at their next request.
+    async fn remove_user(&self, username: &str) -> StoreResult<User>;
+    /// Changes a person's role; it applies from their next request.
+    async fn set_role(&self, username: &str, role: super::class::Role) -> StoreResult<User>;
+    /// Revokes every live token of an agent; returns how many.
+    async fn revoke_tokens(&self, agent: &str) -> StoreResult<u64>;
     async fn add_api_token(
         &self,
         agent: &str,

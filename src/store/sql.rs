@@ -1683,6 +1683,30 @@ macro_rules! saga_store_sql {
                     .collect()
             }
 
+            async fn audit_page(
+                &self,
+                people_only: bool,
+                before_id: Option<i64>,
+                limit: i64,
+            ) -> StoreResult<Vec<Event>> {
+                // Two texts, so the people-only one carries the partial
+                // index events_by_people's condition word for word.
+                let sql = if people_only {
+                    "SELECT * FROM events WHERE actor LIKE 'user:%' AND id < $1 ORDER BY id DESC LIMIT $2"
+                } else {
+                    "SELECT * FROM events WHERE id < $1 ORDER BY id DESC LIMIT $2"
+                };
+                sqlx::query(sql)
+                    .bind(before_id.unwrap_or(i64::MAX))
+                    .bind(limit)
+                    .fetch_all(self.reader())
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(event_from)
+                    .collect()
+            }
+
             async fn all_events_after(&self, after_id: i64, limit: i64) -> StoreResult<Vec<Event>> {
                 sqlx::query("SELECT * FROM events WHERE id > $1 ORDER BY id LIMIT $2")
                     .bind(after_id)
@@ -1729,7 +1753,7 @@ macro_rules! saga_store_sql {
             }
 
             async fn credentials(&self, username: &str) -> StoreResult<Option<Credentials>> {
-                let row = sqlx::query("SELECT * FROM users WHERE username = $1")
+                let row = sqlx::query("SELECT * FROM users WHERE lower(username) = lower($1)")
                     .bind(username)
                     .fetch_optional(self.reader())
                     .await
@@ -1741,6 +1765,98 @@ macro_rules! saga_store_sql {
                     })
                 })
                 .transpose()
+            }
+
+            async fn remove_user(&self, username: &str) -> StoreResult<User> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let row = sqlx::query("DELETE FROM users WHERE lower(username) = lower($1) RETURNING *")
+                    .bind(username)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .ok_or_else(|| StoreError::NotFound { what: format!("user {username}") })?;
+                let user = user_from(&row)?;
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: None,
+                        entity: "user",
+                        entity_id: Some(user.id),
+                        actor: &Actor::System,
+                        from: Some(user.role.as_str()),
+                        to: None,
+                        detail: Some(format!("user {} removed", user.username)),
+                        at: Utc::now(),
+                    },
+                )
+                .await?;
+                commit(tx).await?;
+                Ok(user)
+            }
+
+            async fn set_role(&self, username: &str, role: Role) -> StoreResult<User> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let before = sqlx::query("SELECT * FROM users WHERE lower(username) = lower($1)")
+                    .bind(username)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .ok_or_else(|| StoreError::NotFound { what: format!("user {username}") })?;
+                let before = user_from(&before)?;
+                let row = sqlx::query("UPDATE users SET role = $1 WHERE id = $2 RETURNING *")
+                    .bind(role.as_str())
+                    .bind(before.id)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                let user = user_from(&row)?;
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: None,
+                        entity: "user",
+                        entity_id: Some(user.id),
+                        actor: &Actor::System,
+                        from: Some(before.role.as_str()),
+                        to: Some(role.as_str()),
+                        detail: Some(format!("role of {} changed", user.username)),
+                        at: Utc::now(),
+                    },
+                )
+                .await?;
+                commit(tx).await?;
+                Ok(user)
+            }
+
+            async fn revoke_tokens(&self, agent: &str) -> StoreResult<u64> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let now = Utc::now();
+                let revoked = sqlx::query("UPDATE api_tokens SET revoked_at = $1 WHERE agent = $2 AND revoked_at IS NULL")
+                    .bind(now)
+                    .bind(agent)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .rows_affected();
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: None,
+                        entity: "token",
+                        entity_id: None,
+                        actor: &Actor::System,
+                        from: None,
+                        to: Some("revoked"),
+                        detail: Some(format!("{revoked} token(s) of agent {agent} revoked")),
+                        at: now,
+                    },
+                )
+                .await?;
+                commit(tx).await?;
+                Ok(revoked)
             }
 
             async fn add_api_token(&self, agent: &str, token_hash: &str, label: Option<&str>) -> StoreResult<ApiToken> {

@@ -16,15 +16,29 @@ pub struct AuditLine {
     pub detail: String,
 }
 
+/// One page of the trail and where the next (older) one starts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AuditPage {
+    pub lines: Vec<AuditLine>,
+    /// The id to pass as `before` for older lines; none on the last page.
+    pub older: Option<i64>,
+}
+
 /// People's decisions only, or everything the harness wrote.
 #[component]
 pub fn AuditPage() -> impl IntoView {
     let query = use_query_map();
     let everything = move || query.read().get("all").is_some();
+    let before = move || {
+        query
+            .read()
+            .get("before")
+            .and_then(|b| b.parse::<i64>().ok())
+    };
     let live = super::live_tick();
     let lines = Resource::new(
-        move || (everything(), live.get()),
-        |(all, _)| audit_trail(all),
+        move || (everything(), before(), live.get()),
+        |(all, before, _)| audit_trail(all, before),
     );
     view! {
         <Title text="Audit · Saga Harness"/>
@@ -40,11 +54,11 @@ pub fn AuditPage() -> impl IntoView {
             </p>
             <Suspense fallback=|| view! { <p>"Loading…"</p> }>
                 {move || Suspend::new(async move {
-                    lines.await.map(|lines| view! {
+                    lines.await.map(|page| view! {
                         <table class="runs audit">
                             <thead><tr><th>"When"</th><th>"Who"</th><th>"What"</th><th>"Detail"</th></tr></thead>
                             <tbody>
-                                {lines.into_iter().map(|line| view! {
+                                {page.lines.into_iter().map(|line| view! {
                                     <tr>
                                         <td>{line.at}</td>
                                         <td>{line.actor}</td>
@@ -59,6 +73,11 @@ pub fn AuditPage() -> impl IntoView {
                                 }).collect_view()}
                             </tbody>
                         </table>
+                        {page.older.map(|id| view! {
+                            <p class="pager">
+                                <a href=move || format!("/audit?{}before={id}", if everything() { "all=1&" } else { "" })>"Older"</a>
+                            </p>
+                        })}
                     })
                 })}
             </Suspense>
@@ -66,19 +85,26 @@ pub fn AuditPage() -> impl IntoView {
     }
 }
 
+/// Lines on one page of the audit trail.
+pub const AUDIT_PAGE: i64 = 200;
+
 #[server(endpoint = "audit_trail")]
-pub async fn audit_trail(everything: bool) -> Result<Vec<AuditLine>, ServerFnError> {
+pub async fn audit_trail(
+    everything: bool,
+    before: Option<i64>,
+) -> Result<AuditPage, ServerFnError> {
     super::ssr::signed_in().await?;
     let state = super::ssr::app_state()?;
     let events = state
         .store
-        .recent_events(if everything { 1000 } else { 5000 })
+        .audit_page(!everything, before, AUDIT_PAGE)
         .await
         .map_err(super::ssr::internal)?;
-    Ok(events
+    let older = (events.len() as i64 == AUDIT_PAGE)
+        .then(|| events.last().map(|e| e.id))
+        .flatten();
+    let lines = events
         .into_iter()
-        .filter(|e| everything || e.actor.starts_with("user:"))
-        .take(1000)
         .map(|e| {
             let moved = match (&e.from_status, &e.to_status) {
                 (Some(from), Some(to)) => format!("{from} → {to}"),
@@ -97,5 +123,6 @@ pub async fn audit_trail(everything: bool) -> Result<Vec<AuditLine>, ServerFnErr
                 detail: e.detail.unwrap_or_default(),
             }
         })
-        .collect())
+        .collect();
+    Ok(AuditPage { lines, older })
 }

@@ -104,7 +104,7 @@ fn LoginPage() -> impl IntoView {
                 </Show>
                 {move || throttled().map(|minutes| view! {
                     <p class="error" role="alert">
-                        "Too many failed sign-ins for this account or from this address. Wait "
+                        "Too many sign-in attempts for this account from this address. Wait "
                         {minutes} " minute(s), then try again."
                     </p>
                 })}

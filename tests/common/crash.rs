@@ -127,6 +127,27 @@ impl SagaStore for CrashingStore {
         )
         .await
     }
+    async fn audit_page(
+        &self,
+        people_only: bool,
+        before_id: Option<i64>,
+        limit: i64,
+    ) -> StoreResult<Vec<saga_harness::saga::model::Event>> {
+        self.inner.audit_page(people_only, before_id, limit).await
+    }
+    async fn remove_user(&self, username: &str) -> StoreResult<saga_harness::saga::model::User> {
+        self.inner.remove_user(username).await
+    }
+    async fn set_role(
+        &self,
+        username: &str,
+        role: saga_harness::saga::class::Role,
+    ) -> StoreResult<saga_harness::saga::model::User> {
+        self.inner.set_role(username, role).await
+    }
+    async fn revoke_tokens(&self, agent: &str) -> StoreResult<u64> {
+        self.inner.revoke_tokens(agent).await
+    }
     async fn set_owed_to_agent(&self, run_id: Uuid, step_idx: i64, owed: bool) -> StoreResult<()> {
         self.write(self.inner.set_owed_to_agent(run_id, step_idx, owed))
             .await
