@@ -42,13 +42,16 @@ cargo check --lib --target wasm32-unknown-unknown --no-default-features --featur
 phase "Rust tests on SQLite and PostgreSQL"
 cargo test --features ssr
 
-phase "building the app"
-cargo leptos build
+# Exactly what ./scripts/run.sh builds: the release app through cargo-leptos,
+# with no extra flags (release builds do not erase view types), so a build
+# only the README's first command would hit cannot pass CI unnoticed.
+phase "building the app as ./scripts/run.sh does (release)"
+env -u RUSTFLAGS cargo leptos build --release
 
-phase "browser tests"
+phase "browser tests against the release app"
 (
   cd end2end
-  SAGA_BIN="$target_dir/debug/saga-harness" LEPTOS_SITE_ROOT="$PWD/../target/site" npx playwright test
+  SAGA_BIN="$target_dir/release/saga-harness" LEPTOS_SITE_ROOT="$PWD/../target/site" npx playwright test
 )
 
 phase "all tests passed"

@@ -184,26 +184,45 @@ pub const MAX_PASSWORD_BYTES: usize = 256;
 /// Slows guessing without letting anyone lock anyone else out, and bounds
 /// what sign-ins can cost the server.
 ///
-/// - Each (account, address) pair may try `burst` times at once, then once
-///   per `refill`: a guesser's waits grow with every attempt, while the
-///   same account from another address (its owner) is unaffected.
-/// - Each address may try `address_burst` times at once, then once per
-///   `refill / 10`, whatever the account (credential stuffing).
-/// - An attempt counts when it is checked, before the password is, so
-///   concurrent attempts cannot all pass the check (it is refunded by
-///   nothing: a success costs one attempt too).
-/// - Keys are SHA-256 digests (fixed size, whatever the name) and the
-///   limiter forgets keys whose allowance has fully refilled, so memory is
-///   bounded by recent attempts, not by every name ever tried.
+/// - Each (account, address) pair has `free` attempts; after that, each
+///   further failure doubles the wait before the next attempt (`first_wait`,
+///   then twice that, up to `longest_wait`). The same account from another
+///   address (its owner) and other accounts from this address are
+///   unaffected. A success clears the pair.
+/// - An attempt counts when it is checked, before the password is, and
+///   stays counted as a failure unless it succeeds, so a burst of
+///   concurrent guesses cannot all pass the check.
+/// - Each address may also try `address_burst` times at once, then one
+///   every six seconds, whatever the account (credential stuffing); this
+///   one is a plain rate limit (`governor`).
+/// - Keys are SHA-256 digests (fixed size, whatever the name); pairs are
+///   forgotten once their longest wait is over, and the map never holds
+///   more than `MAX_PAIRS`, so memory is bounded by recent attempts.
 /// - At most `verifiers` password checks run at once (Argon2 takes about
 ///   19 MiB and a core's worth of time each); an attempt that finds them
 ///   all busy is told to retry and is not counted.
 pub struct SignInThrottle {
-    pairs: governor::DefaultKeyedRateLimiter<[u8; 32]>,
+    free: u32,
+    first_wait: std::time::Duration,
+    longest_wait: std::time::Duration,
+    pairs: std::sync::Arc<std::sync::Mutex<Pairs>>,
     addresses: governor::DefaultKeyedRateLimiter<[u8; 32]>,
     verifiers: std::sync::Arc<tokio::sync::Semaphore>,
     clock: governor::clock::DefaultClock,
-    checks: std::sync::atomic::AtomicU64,
+}
+
+/// The most (account, address) pairs remembered at once.
+const MAX_PAIRS: usize = 100_000;
+
+#[derive(Default)]
+struct Pairs {
+    counts: std::collections::HashMap<[u8; 32], PairCount>,
+}
+
+struct PairCount {
+    /// Failures, counting attempts still being checked.
+    failures: u32,
+    last: std::time::Instant,
 }
 
 /// Why a sign-in attempt is not checked now.
@@ -215,47 +234,93 @@ pub enum NotNow {
     Busy,
 }
 
+/// One counted attempt, holding a password checker. Dropped without
+/// [`Attempt::succeeded`], it stays counted as a failure.
+pub struct Attempt {
+    pair: [u8; 32],
+    pairs: std::sync::Arc<std::sync::Mutex<Pairs>>,
+    _checker: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Attempt {
+    /// The password was right: the pair starts afresh.
+    pub fn succeeded(self) {
+        lock(&self.pairs).counts.remove(&self.pair);
+    }
+
+    /// The password has been checked: the checker is free for the next.
+    pub fn checked(self) -> CheckedAttempt {
+        CheckedAttempt {
+            pair: self.pair,
+            pairs: self.pairs,
+        }
+    }
+}
+
+/// An attempt whose password check is over.
+pub struct CheckedAttempt {
+    pair: [u8; 32],
+    pairs: std::sync::Arc<std::sync::Mutex<Pairs>>,
+}
+
+impl CheckedAttempt {
+    /// The password was right: the pair starts afresh.
+    pub fn succeeded(self) {
+        lock(&self.pairs).counts.remove(&self.pair);
+    }
+}
+
+fn lock(pairs: &std::sync::Mutex<Pairs>) -> std::sync::MutexGuard<'_, Pairs> {
+    // A poisoned map only means a panic elsewhere; its counts still hold.
+    pairs.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl SignInThrottle {
-    /// Five attempts per account and address, then one a minute; sixty per
-    /// address, then one every six seconds; as many checks at once as the
-    /// machine has cores.
+    /// Five attempts per account and address, then waits of 1, 2, 4 …
+    /// minutes up to fifteen; sixty per address at once, then one every six
+    /// seconds; as many password checks at once as the machine has cores.
     pub fn standard() -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        SignInThrottle::new(5, 60, std::time::Duration::from_secs(60), cores)
+        SignInThrottle::new(
+            5,
+            std::time::Duration::from_secs(60),
+            std::time::Duration::from_secs(15 * 60),
+            60,
+            cores,
+        )
     }
 
     pub fn new(
-        burst: u32,
+        free: u32,
+        first_wait: std::time::Duration,
+        longest_wait: std::time::Duration,
         address_burst: u32,
-        refill: std::time::Duration,
         verifiers: usize,
     ) -> Self {
         use governor::{Quota, RateLimiter};
         use std::num::NonZeroU32;
-        let nonzero = |n: u32| NonZeroU32::new(n.max(1)).unwrap_or(NonZeroU32::MIN);
-        let pair_quota = Quota::with_period(refill)
-            .unwrap_or_else(|| Quota::per_minute(nonzero(1)))
-            .allow_burst(nonzero(burst));
-        let address_quota = Quota::with_period(refill / 10)
-            .unwrap_or_else(|| Quota::per_second(nonzero(1)))
-            .allow_burst(nonzero(address_burst));
+        let burst = NonZeroU32::new(address_burst.max(1)).unwrap_or(NonZeroU32::MIN);
+        let address_quota = Quota::with_period(std::time::Duration::from_secs(6))
+            .unwrap_or_else(|| Quota::per_minute(NonZeroU32::MIN))
+            .allow_burst(burst);
         SignInThrottle {
-            pairs: RateLimiter::keyed(pair_quota),
+            free,
+            first_wait,
+            longest_wait: longest_wait.max(first_wait),
+            pairs: Default::default(),
             addresses: RateLimiter::keyed(address_quota),
             verifiers: std::sync::Arc::new(tokio::sync::Semaphore::new(verifiers.max(1))),
             clock: governor::clock::DefaultClock::default(),
-            checks: Default::default(),
         }
     }
 
     /// Counts one attempt for this account from this address and, if it is
-    /// allowed, hands out one of the password checkers; keep it while the
-    /// password is verified.
+    /// allowed, hands out one of the password checkers with it.
     pub fn attempt(
         &self,
         account: &str,
         address: Option<std::net::IpAddr>,
-    ) -> Result<tokio::sync::OwnedSemaphorePermit, NotNow> {
+    ) -> Result<Attempt, NotNow> {
         use governor::clock::Clock;
         // A checker first: an attempt turned away because the server is
         // busy is not counted against anyone.
@@ -264,36 +329,73 @@ impl SignInThrottle {
             .clone()
             .try_acquire_owned()
             .map_err(|_| NotNow::Busy)?;
-        self.forget_refilled();
         let address = address.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
         let pair = digest(&format!("{}\n{address}", account.to_lowercase()));
-        let from = digest(&address);
-        let now = self.clock.now();
-        let wait = [self.pairs.check_key(&pair), self.addresses.check_key(&from)]
-            .into_iter()
-            .filter_map(Result::err)
-            .map(|not_until| not_until.wait_time_from(now))
-            .max();
-        match wait {
-            Some(wait) => Err(NotNow::Throttled(wait)),
-            None => Ok(checker),
+        let now = std::time::Instant::now();
+        {
+            let mut pairs = lock(&self.pairs);
+            if pairs.counts.len() >= MAX_PAIRS {
+                let longest = self.longest_wait;
+                pairs
+                    .counts
+                    .retain(|_, count| now.duration_since(count.last) < longest);
+            }
+            if let Some(count) = pairs.counts.get(&pair) {
+                if let Some(wait) = self.wait_after(count.failures) {
+                    let waited = now.duration_since(count.last);
+                    if waited < wait {
+                        return Err(NotNow::Throttled(wait - waited));
+                    }
+                }
+            } else if pairs.counts.len() >= MAX_PAIRS {
+                // Full of recent attempts: new pairs wait for room.
+                return Err(NotNow::Throttled(self.first_wait));
+            }
+            let count = pairs.counts.entry(pair).or_insert(PairCount {
+                failures: 0,
+                last: now,
+            });
+            count.failures += 1;
+            count.last = now;
         }
+        if let Err(not_until) = self.addresses.check_key(&digest(&address)) {
+            return Err(NotNow::Throttled(
+                not_until.wait_time_from(self.clock.now()),
+            ));
+        }
+        Ok(Attempt {
+            pair,
+            pairs: self.pairs.clone(),
+            _checker: checker,
+        })
     }
 
-    /// Keys tracked now (for tests and metrics).
+    /// How long a pair with this many failures waits before its next
+    /// attempt: nothing for the free ones, then doubling.
+    fn wait_after(&self, failures: u32) -> Option<std::time::Duration> {
+        let over = failures.checked_sub(self.free)?;
+        let doubled = self.first_wait.saturating_mul(1u32 << over.min(16));
+        Some(doubled.min(self.longest_wait))
+    }
+
+    /// Pairs and addresses tracked now (for tests and metrics).
     pub fn tracked(&self) -> usize {
-        self.pairs.len() + self.addresses.len()
+        lock(&self.pairs).counts.len() + self.addresses.len()
     }
 
-    /// Every thousandth check, drops keys whose allowance has refilled.
-    fn forget_refilled(&self) {
-        use std::sync::atomic::Ordering;
-        if self.checks.fetch_add(1, Ordering::Relaxed) % 1000 == 999 {
-            self.pairs.retain_recent();
-            self.addresses.retain_recent();
-            self.pairs.shrink_to_fit();
-            self.addresses.shrink_to_fit();
-        }
+    /// Forgets pairs whose longest wait is over and addresses whose
+    /// allowance has refilled; the server calls it now and then.
+    pub fn forget_old(&self) {
+        let now = std::time::Instant::now();
+        let longest = self.longest_wait;
+        let mut pairs = lock(&self.pairs);
+        pairs
+            .counts
+            .retain(|_, count| now.duration_since(count.last) < longest);
+        pairs.counts.shrink_to_fit();
+        drop(pairs);
+        self.addresses.retain_recent();
+        self.addresses.shrink_to_fit();
     }
 }
 
@@ -311,17 +413,21 @@ mod throttle_tests {
         text.parse().ok()
     }
 
+    fn throttle() -> SignInThrottle {
+        SignInThrottle::new(5, Duration::from_secs(60), Duration::from_secs(900), 60, 4)
+    }
+
     #[test]
-    fn the_sixth_attempt_for_an_account_from_one_address_waits() {
-        let throttle = SignInThrottle::new(5, 60, Duration::from_secs(60), 4);
+    fn after_five_failures_an_account_waits_at_that_address_only() {
+        let throttle = throttle();
         for _ in 0..5 {
-            assert!(throttle.attempt("dana", ip("10.0.0.1")).is_ok());
+            drop(throttle.attempt("dana", ip("10.0.0.1")).unwrap());
         }
         let Err(NotNow::Throttled(wait)) = throttle.attempt("Dana", ip("10.0.0.1")) else {
             panic!("the sixth attempt must wait");
         };
         assert!(
-            wait > Duration::from_secs(50) && wait <= Duration::from_secs(60),
+            wait > Duration::from_secs(55) && wait <= Duration::from_secs(60),
             "{wait:?}"
         );
         // Neither the account from elsewhere nor another account from here
@@ -331,12 +437,66 @@ mod throttle_tests {
     }
 
     #[test]
+    fn waits_grow_with_each_failure_and_a_success_clears_them() {
+        let throttle = SignInThrottle::new(
+            1,
+            Duration::from_millis(40),
+            Duration::from_secs(900),
+            60,
+            4,
+        );
+        drop(throttle.attempt("dana", ip("10.0.0.1")).unwrap());
+        assert!(matches!(
+            throttle.attempt("dana", ip("10.0.0.1")),
+            Err(NotNow::Throttled(_))
+        ));
+        std::thread::sleep(Duration::from_millis(45));
+        drop(throttle.attempt("dana", ip("10.0.0.1")).unwrap());
+        std::thread::sleep(Duration::from_millis(45));
+        let Err(NotNow::Throttled(wait)) = throttle.attempt("dana", ip("10.0.0.1")) else {
+            panic!("the second wait is longer than the first");
+        };
+        assert!(wait > Duration::from_millis(20), "{wait:?}");
+        std::thread::sleep(wait + Duration::from_millis(5));
+        throttle
+            .attempt("dana", ip("10.0.0.1"))
+            .unwrap()
+            .succeeded();
+        assert!(
+            throttle.attempt("dana", ip("10.0.0.1")).is_ok(),
+            "a success starts afresh"
+        );
+    }
+
+    #[test]
+    fn concurrent_attempts_count_before_they_are_checked() {
+        let throttle = SignInThrottle::new(
+            5,
+            Duration::from_secs(60),
+            Duration::from_secs(900),
+            60,
+            100,
+        );
+        let held: Vec<_> = (0..5)
+            .map(|_| throttle.attempt("dana", ip("10.0.0.1")).unwrap())
+            .collect();
+        assert!(matches!(
+            throttle.attempt("dana", ip("10.0.0.1")),
+            Err(NotNow::Throttled(_))
+        ));
+        drop(held);
+    }
+
+    #[test]
     fn one_address_trying_many_accounts_is_slowed_too() {
-        let throttle = SignInThrottle::new(5, 10, Duration::from_secs(60), 4);
+        let throttle =
+            SignInThrottle::new(5, Duration::from_secs(60), Duration::from_secs(900), 10, 4);
         for n in 0..10 {
-            assert!(throttle
-                .attempt(&format!("user{n}"), ip("10.0.0.9"))
-                .is_ok());
+            drop(
+                throttle
+                    .attempt(&format!("user{n}"), ip("10.0.0.9"))
+                    .unwrap(),
+            );
         }
         assert!(matches!(
             throttle.attempt("user99", ip("10.0.0.9")),
@@ -346,29 +506,40 @@ mod throttle_tests {
 
     #[test]
     fn no_more_password_checks_run_at_once_than_there_are_checkers() {
-        let throttle = SignInThrottle::new(100, 100, Duration::from_secs(60), 2);
+        let throttle = SignInThrottle::new(
+            100,
+            Duration::from_secs(60),
+            Duration::from_secs(900),
+            100,
+            2,
+        );
         let a = throttle.attempt("a", ip("10.0.0.1")).unwrap();
         let _b = throttle.attempt("b", ip("10.0.0.1")).unwrap();
         assert_eq!(
-            throttle.attempt("c", ip("10.0.0.1")).unwrap_err(),
-            NotNow::Busy
+            throttle.attempt("c", ip("10.0.0.1")).err(),
+            Some(NotNow::Busy)
         );
         drop(a);
         assert!(throttle.attempt("c", ip("10.0.0.1")).is_ok());
     }
 
     #[test]
-    fn keys_are_fixed_size_and_forgotten_once_refilled() {
-        let throttle = SignInThrottle::new(5, 60, Duration::from_millis(10), 4);
+    fn keys_are_fixed_size_and_forgotten_once_their_wait_is_over() {
+        let throttle = SignInThrottle::new(
+            5,
+            Duration::from_millis(10),
+            Duration::from_millis(20),
+            5000,
+            4,
+        );
         let huge = "x".repeat(1 << 20);
-        let _ = throttle.attempt(&huge, ip("10.0.0.1"));
+        drop(throttle.attempt(&huge, ip("10.0.0.1")));
         for n in 0..2000 {
-            let _ = throttle.attempt(&format!("name{n}"), ip("10.0.0.1"));
+            drop(throttle.attempt(&format!("name{n}"), ip("10.0.0.1")));
         }
-        std::thread::sleep(Duration::from_millis(700));
-        for _ in 0..1000 {
-            let _ = throttle.attempt("again", ip("10.0.0.3"));
-        }
-        assert!(throttle.tracked() < 100, "{} keys kept", throttle.tracked());
+        assert!(throttle.tracked() >= 2000);
+        std::thread::sleep(Duration::from_millis(50));
+        throttle.forget_old();
+        assert!(throttle.tracked() <= 1, "{} keys kept", throttle.tracked());
     }
 }

@@ -188,10 +188,12 @@ impl Application {
         // deadline are rejected, and unknowns nobody came back for are
         // looked up (R7), not only at the next start.
         let engine = self.state.engine.clone();
+        let sign_ins = self.state.sign_ins.clone();
         let sweeper = tokio::spawn(async move {
             let mut every = tokio::time::interval(SWEEP_EVERY);
             loop {
                 every.tick().await;
+                sign_ins.forget_old();
                 if let Err(err) = engine.expire_pivots().await {
                     tracing::error!(%err, "expiring pivots");
                 }

@@ -814,11 +814,15 @@ async fn the_matrix(db: common::TestDb) {
             "root"
         };
         assert!(
-            audit.as_array().unwrap().iter().any(|l| l["actor"] == name),
+            audit["lines"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|l| l["actor"] == name),
             "{audit}"
         );
         assert!(
-            audit
+            audit["lines"]
                 .as_array()
                 .unwrap()
                 .iter()

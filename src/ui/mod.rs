@@ -324,8 +324,8 @@ pub async fn login(username: String, password: String) -> Result<(), ServerFnErr
     let username = username.trim().to_owned();
     // The attempt counts now, before the password is checked, so a burst
     // of concurrent guesses cannot all pass the limit.
-    let checker = match state.sign_ins.attempt(&username, address) {
-        Ok(checker) => checker,
+    let attempt = match state.sign_ins.attempt(&username, address) {
+        Ok(attempt) => attempt,
         Err(NotNow::Throttled(wait)) => {
             let minutes = wait.as_secs().div_ceil(60).max(1);
             leptos_axum::redirect(&format!("/login?error=throttled&wait={minutes}"));
@@ -354,10 +354,9 @@ pub async fn login(username: String, password: String) -> Result<(), ServerFnErr
         Some(c) => (c.password_hash, Some(c.user)),
         None => (ssr::DECOY_HASH.clone(), None),
     };
-    let verified = tokio::task::spawn_blocking(move || {
+    let (verified, attempt) = tokio::task::spawn_blocking(move || {
         let verified = verify_password(&password, &hash);
-        drop(checker);
-        verified
+        (verified, attempt.checked())
     })
     .await
     .map_err(ssr::internal)?;
@@ -365,6 +364,7 @@ pub async fn login(username: String, password: String) -> Result<(), ServerFnErr
         leptos_axum::redirect("/login?error=1");
         return Ok(());
     };
+    attempt.succeeded();
     let session = ssr::session().await?;
     // A new id on sign-in, so a session id planted before it is worthless.
     session.cycle_id().await.map_err(ssr::internal)?;
