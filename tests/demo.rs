@@ -129,4 +129,38 @@ async fn the_demo_leaves_the_four_stories_visible_through_the_api() {
 
     let _ = child.kill();
     let _ = child.wait();
+
+    // The inbox the demo leaves, by who each letter is addressed to: the
+    // kettle's charge was made without a receipt, so finance hears of its
+    // refund and Ada, who never saw it, gets nothing.
+    let url = format!("sqlite://{}", dir.path().join("demo.db").display());
+    let opened = saga_harness::store::open(&url).await.unwrap();
+    let store = opened.saga_store();
+    let addressed = |label: &str| {
+        let id: uuid::Uuid = runs[label].parse().unwrap();
+        let store = store.clone();
+        async move {
+            store
+                .corrections(id)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|c| c.recipients)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        addressed("demo-incident-kettle").await,
+        vec![vec!["finance@example.com".to_owned()]]
+    );
+    assert_eq!(
+        addressed("demo-email-correction").await,
+        vec![vec!["alan@example.com".to_owned()]]
+    );
+    for queued in store.correction_queue().await.unwrap() {
+        assert!(
+            !queued.recipients.iter().any(|r| r == "ada@example.com"),
+            "a letter to a customer who never saw the charge: {queued:?}"
+        );
+    }
 }
