@@ -91,7 +91,7 @@ fn group(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, d) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(d);
@@ -206,8 +206,11 @@ mod ssr {
     }
 
     /// The people or places an effect reaches, from the arguments that
-    /// name them.
+    /// name them; nothing for an effect only the team sees (a draft).
     pub fn reach_of(spec: &ToolSpec, args: &Value) -> Option<String> {
+        if spec.audience_for(args).is_internal() {
+            return None;
+        }
         let mut named = Vec::new();
         for field in ["to", "recipients", "emails", "cc", "bcc"] {
             if let Some(v) = args.get(field).filter(|v| !v.is_null()) {

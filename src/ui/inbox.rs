@@ -96,7 +96,10 @@ fn correction_card(item: InboxItem, may: bool) -> impl IntoView {
                 <a href=format!("/runs/{}", item.run_id)>{item.run_title.clone()}</a>
             </h2>
             <p>"Original effect: " {item.effect.clone()}</p>
-            <pre class="args">{item.effect_args.clone()}</pre>
+            <details class="exact">
+                <summary>"Exact arguments of the original"</summary>
+                <pre class="args">{item.effect_args.clone()}</pre>
+            </details>
             <p>"To: " <strong>{if item.recipients.is_empty() { "nobody yet".to_owned() } else { item.recipients.join(", ") }}</strong></p>
             {if may && pending {
                 view! {

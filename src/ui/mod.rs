@@ -182,12 +182,11 @@ pub fn TopBar() -> impl IntoView {
 pub fn Notice(query: Memo<leptos_router::params::ParamsMap>) -> impl IntoView {
     // The query only says that a message waits; its text is the session's.
     let flash = Resource::new(
-        move || query.read().get("done").is_some(),
+        move || query.read().get("done"),
         |waiting| async move {
-            if waiting {
-                take_flash().await.ok().flatten()
-            } else {
-                None
+            match waiting {
+                Some(_) => take_flash().await.ok().flatten(),
+                None => None,
             }
         },
     );
@@ -558,7 +557,10 @@ pub mod ssr {
             .add(b'\\')
             .add(b'`');
         let page = utf8_percent_encode(page, UNSAFE_IN_PATH).to_string();
-        leptos_axum::redirect(&format!("{page}?done=1"));
+        // A fresh value each time, so a page that already shows a message
+        // asks for the next one.
+        let nonce: u32 = rand::random();
+        leptos_axum::redirect(&format!("{page}?done={nonce:x}"));
     }
 
     /// Logs the cause and tells the client only that something failed.
