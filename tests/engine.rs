@@ -1283,7 +1283,9 @@ async fn r10_a_refund_the_customer_saw_is_corrected_to_the_customer_only(s: Setu
     assert_eq!(addressed, vec![vec!["ada@example.com".to_owned()]]);
 }
 
-async fn r12_an_unknown_step_stays_next_until_the_agent_has_its_outcome(s: Setup) {
+/// A run whose first step opened a ticket behind a gateway that answered
+/// 504: the ticket exists, the agent was told `unknown`.
+async fn ticket_unknown_after_504(s: &Setup) -> (Run, saga_harness::saga::engine::CallOutcome) {
     let run = s.run().await;
     s.world.fail_next("tickets.create", Fault::EffectThen504);
     let first = s
@@ -1298,6 +1300,11 @@ async fn r12_an_unknown_step_stays_next_until_the_agent_has_its_outcome(s: Setup
         .await
         .unwrap();
     assert_eq!(first.outcome, OutcomeKind::Unknown);
+    (run, first)
+}
+
+async fn r12_an_unknown_step_stays_next_until_the_agent_has_its_outcome(s: Setup) {
+    let (run, first) = ticket_unknown_after_504(&s).await;
     assert_eq!(
         (first.next_step, first.new_step),
         (0, 1),
@@ -1332,20 +1339,7 @@ async fn r12_an_unknown_step_stays_next_until_the_agent_has_its_outcome(s: Setup
 }
 
 async fn r12_a_reworded_retry_at_a_new_step_is_refused_while_the_first_is_owed(s: Setup) {
-    let run = s.run().await;
-    s.world.fail_next("tickets.create", Fault::EffectThen504);
-    let first = s
-        .engine
-        .call(
-            AGENT,
-            run.id,
-            "create_ticket",
-            json!({"summary": "Kettle broken"}),
-            Some(0),
-        )
-        .await
-        .unwrap();
-    assert_eq!(first.outcome, OutcomeKind::Unknown);
+    let (run, _) = ticket_unknown_after_504(&s).await;
     // The model rewords and takes a new step: refused, naming step 0.
     let refused = s
         .engine
@@ -1413,20 +1407,7 @@ async fn r12_a_reworded_retry_at_a_new_step_is_refused_while_the_first_is_owed(s
 }
 
 async fn r12_reading_the_run_gives_the_agent_a_final_outcome(s: Setup) {
-    let run = s.run().await;
-    s.world.fail_next("tickets.create", Fault::EffectThen504);
-    let first = s
-        .engine
-        .call(
-            AGENT,
-            run.id,
-            "create_ticket",
-            json!({"summary": "Kettle broken"}),
-            Some(0),
-        )
-        .await
-        .unwrap();
-    assert_eq!(first.outcome, OutcomeKind::Unknown);
+    let (run, _) = ticket_unknown_after_504(&s).await;
     // The sweep settles it while the agent is away.
     let step = s.store.step(run.id, 0).await.unwrap().unwrap();
     let settled = s.engine.reconcile(step).await.unwrap();

@@ -73,6 +73,32 @@ async fn call(http: &reqwest::Client, h: &Harness, token: &str, path: &str, body
     body
 }
 
+/// Step 0 opens the Jira ticket; the gateway answers 504 after Jira made
+/// it, so the agent is told `unknown`.
+async fn open_ticket_behind_a_504(
+    sims: &Simulators,
+    http: &reqwest::Client,
+    harness: &Harness,
+    token: &str,
+    calls: &str,
+) -> Value {
+    sims.jira.state.faults.inject(FaultRule::new(
+        "POST",
+        "/rest/api/3/issue",
+        Fault::CommitThen504,
+    ));
+    let first = call(
+        http,
+        harness,
+        token,
+        calls,
+        json!({"tool": "create_ticket", "args": {"summary": "Kettle arrived broken"}, "step": 0}),
+    )
+    .await;
+    assert_eq!(first["outcome"], "unknown", "{first}");
+    first
+}
+
 async fn the_seed_incident_over_real_http(db: common::TestDb) {
     use_simulated_credentials();
     let sims = Simulators::start("127.0.0.1".parse().unwrap(), 0)
@@ -98,20 +124,7 @@ async fn the_seed_incident_over_real_http(db: common::TestDb) {
     let calls = format!("/runs/{run_id}/calls");
 
     // The ticket is opened; Jira's gateway answers 504 after creating it.
-    sims.jira.state.faults.inject(FaultRule::new(
-        "POST",
-        "/rest/api/3/issue",
-        Fault::CommitThen504,
-    ));
-    let first = call(
-        &http,
-        &harness,
-        &token,
-        &calls,
-        json!({"tool": "create_ticket", "args": {"summary": "Kettle arrived broken"}, "step": 0}),
-    )
-    .await;
-    assert_eq!(first["outcome"], "unknown", "{first}");
+    let first = open_ticket_behind_a_504(&sims, &http, &harness, &token, &calls).await;
     // The model retries at once, in other words.
     let retried = call(&http, &harness, &token, &calls,
         json!({"tool": "create_ticket", "args": {"summary": "Customer's kettle is damaged, open a ticket"}, "step": 0})).await;
@@ -266,20 +279,7 @@ async fn a_reworded_retry_never_opens_a_second_jira_issue(db: common::TestDb) {
     .await;
     let calls = format!("/runs/{}/calls", run["run"]["id"].as_str().unwrap());
 
-    sims.jira.state.faults.inject(FaultRule::new(
-        "POST",
-        "/rest/api/3/issue",
-        Fault::CommitThen504,
-    ));
-    let first = call(
-        &http,
-        &harness,
-        &token,
-        &calls,
-        json!({"tool": "create_ticket", "args": {"summary": "Kettle arrived broken"}, "step": 0}),
-    )
-    .await;
-    assert_eq!(first["outcome"], "unknown", "{first}");
+    let first = open_ticket_behind_a_504(&sims, &http, &harness, &token, &calls).await;
     assert_eq!(first["next_step"], 0, "{first}");
 
     // A new step, reworded: refused with the step to re-send.

@@ -57,6 +57,63 @@ async fn harness_with_people() -> (common::TestDb, Harness) {
     (db, harness)
 }
 
+/// The harness over the shipped tools file pointed at fresh simulators,
+/// with an agent token and the named people.
+struct SimulatedWorld {
+    sims: Simulators,
+    token: String,
+    harness: Harness,
+    _dir: tempfile::TempDir,
+    _db: common::TestDb,
+}
+
+impl SimulatedWorld {
+    async fn start(people: &[(&str, &str)]) -> SimulatedWorld {
+        saga_harness::sim::bundle::use_simulated_credentials();
+        let sims = Simulators::start("127.0.0.1".parse().unwrap(), 0)
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let tools = tools_file(&sims, dir.path(), 0);
+        let db = common::sqlite();
+        let token = provision(&db.url, AGENT, people).await;
+        let harness = Harness::start(&Launch::new(&db.url, Some(&tools))).await;
+        SimulatedWorld {
+            sims,
+            token,
+            harness,
+            _dir: dir,
+            _db: db,
+        }
+    }
+}
+
+/// `saga-harness user add`, its password on standard input.
+fn add_user_by_command(url: &str, username: &str, password: &str) -> std::process::Output {
+    use std::io::Write as _;
+    let mut add = std::process::Command::new(env!("CARGO_BIN_EXE_saga-harness"))
+        .args([
+            "user",
+            "add",
+            "--username",
+            username,
+            "--role",
+            "viewer",
+            "--password-stdin",
+        ])
+        .env("DATABASE_URL", url)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    add.stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{password}\n").as_bytes())
+        .unwrap();
+    add.wait_with_output().unwrap()
+}
+
 #[tokio::test]
 async fn a_concurrent_burst_of_sign_ins_verifies_at_most_the_allowed_number() {
     let (_db, harness) = harness_with_people().await;
@@ -397,15 +454,8 @@ async fn two_waiting_pivots(base: &str, token: &str) -> [(String, i64, String); 
 
 #[tokio::test]
 async fn an_approval_is_decided_only_on_its_own_runs_page() {
-    saga_harness::sim::bundle::use_simulated_credentials();
-    let sims = Simulators::start("127.0.0.1".parse().unwrap(), 0)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let tools = tools_file(&sims, dir.path(), 0);
-    let db = common::sqlite();
-    let token = provision(&db.url, AGENT, &[("dana", "approver")]).await;
-    let harness = Harness::start(&Launch::new(&db.url, Some(&tools))).await;
+    let world = SimulatedWorld::start(&[("dana", "approver")]).await;
+    let (sims, token, harness) = (&world.sims, world.token.clone(), &world.harness);
     let [(run_a, _, _), (run_b, approval_b, digest_b)] =
         two_waiting_pivots(&harness.base, &token).await;
     let lead = Dashboard::new();
@@ -450,15 +500,8 @@ async fn an_approval_is_decided_only_on_its_own_runs_page() {
 
 #[tokio::test]
 async fn agents_cannot_nest_arguments_past_what_the_log_reads_back_or_make_pages_huge() {
-    saga_harness::sim::bundle::use_simulated_credentials();
-    let sims = Simulators::start("127.0.0.1".parse().unwrap(), 0)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let tools = tools_file(&sims, dir.path(), 0);
-    let db = common::sqlite();
-    let token = provision(&db.url, AGENT, &[]).await;
-    let harness = Harness::start(&Launch::new(&db.url, Some(&tools))).await;
+    let world = SimulatedWorld::start(&[]).await;
+    let (token, harness) = (world.token.clone(), &world.harness);
     let http = client();
     let post = |path: String, body: Value| {
         let (http, token) = (http.clone(), token.clone());
@@ -528,15 +571,8 @@ async fn agents_cannot_nest_arguments_past_what_the_log_reads_back_or_make_pages
 
 #[tokio::test]
 async fn what_the_approver_reads_shows_hidden_characters() {
-    saga_harness::sim::bundle::use_simulated_credentials();
-    let sims = Simulators::start("127.0.0.1".parse().unwrap(), 0)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let tools = tools_file(&sims, dir.path(), 0);
-    let db = common::sqlite();
-    let token = provision(&db.url, AGENT, &[("dana", "approver")]).await;
-    let harness = Harness::start(&Launch::new(&db.url, Some(&tools))).await;
+    let world = SimulatedWorld::start(&[("dana", "approver")]).await;
+    let (token, harness) = (world.token.clone(), &world.harness);
     let http = client();
     let run = http
         .post(format!("{}/api/v1/runs", harness.base))
@@ -749,51 +785,10 @@ async fn removed_people_changed_roles_and_revoked_tokens_take_effect_at_once() {
 
     // A second Dana cannot be created beside the first, and a common
     // password is refused.
-    let mut add = std::process::Command::new(env!("CARGO_BIN_EXE_saga-harness"))
-        .args([
-            "user",
-            "add",
-            "--username",
-            "DANA",
-            "--role",
-            "viewer",
-            "--password-stdin",
-        ])
-        .env("DATABASE_URL", &db.url)
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write as _;
-    add.stdin
-        .take()
-        .unwrap()
-        .write_all(b"a long fresh passphrase\n")
-        .unwrap();
-    let added = add.wait_with_output().unwrap();
+    let added = add_user_by_command(&db.url, "DANA", "a long fresh passphrase");
     assert!(!added.status.success());
     assert!(String::from_utf8_lossy(&added.stderr).contains("already exists"));
-    let mut weak = std::process::Command::new(env!("CARGO_BIN_EXE_saga-harness"))
-        .args([
-            "user",
-            "add",
-            "--username",
-            "kim",
-            "--role",
-            "viewer",
-            "--password-stdin",
-        ])
-        .env("DATABASE_URL", &db.url)
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    weak.stdin
-        .take()
-        .unwrap()
-        .write_all(b"password123\n")
-        .unwrap();
-    let weak = weak.wait_with_output().unwrap();
+    let weak = add_user_by_command(&db.url, "kim", "password123");
     assert!(!weak.status.success());
     assert!(String::from_utf8_lossy(&weak.stderr).contains("first guessers try"));
 }

@@ -350,6 +350,32 @@ macro_rules! saga_store_sql {
             })
         }
 
+        /// The audit line of a change to a person's account (made from the
+        /// command line, so by the system).
+        async fn user_event(
+            conn: &mut DbConn,
+            user: &User,
+            from: Option<&str>,
+            to: Option<&str>,
+            detail: String,
+            at: chrono::DateTime<Utc>,
+        ) -> StoreResult<()> {
+            append_event(
+                conn,
+                EventLine {
+                    run_id: None,
+                    entity: "user",
+                    entity_id: Some(user.id),
+                    actor: &Actor::System,
+                    from,
+                    to,
+                    detail: Some(detail),
+                    at,
+                },
+            )
+            .await
+        }
+
         async fn append_event(conn: &mut DbConn, line: EventLine<'_>) -> StoreResult<()> {
             sqlx::query(
                 "INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
@@ -1734,20 +1760,7 @@ macro_rules! saga_store_sql {
                 .await
                 .map_err(|e| db_error(e, || format!("user {username}")))?;
                 let user = user_from(&row)?;
-                append_event(
-                    &mut tx,
-                    EventLine {
-                        run_id: None,
-                        entity: "user",
-                        entity_id: Some(user.id),
-                        actor: &Actor::System,
-                        from: None,
-                        to: Some(role.as_str()),
-                        detail: Some(format!("user {username} added")),
-                        at: now,
-                    },
-                )
-                .await?;
+                user_event(&mut tx, &user, None, Some(role.as_str()), format!("user {username} added"), now).await?;
                 commit(tx).await?;
                 Ok(user)
             }
@@ -1777,20 +1790,7 @@ macro_rules! saga_store_sql {
                     .map_err(db)?
                     .ok_or_else(|| StoreError::NotFound { what: format!("user {username}") })?;
                 let user = user_from(&row)?;
-                append_event(
-                    &mut tx,
-                    EventLine {
-                        run_id: None,
-                        entity: "user",
-                        entity_id: Some(user.id),
-                        actor: &Actor::System,
-                        from: Some(user.role.as_str()),
-                        to: None,
-                        detail: Some(format!("user {} removed", user.username)),
-                        at: Utc::now(),
-                    },
-                )
-                .await?;
+                user_event(&mut tx, &user, Some(user.role.as_str()), None, format!("user {} removed", user.username), Utc::now()).await?;
                 commit(tx).await?;
                 Ok(user)
             }
@@ -1812,20 +1812,7 @@ macro_rules! saga_store_sql {
                     .await
                     .map_err(db)?;
                 let user = user_from(&row)?;
-                append_event(
-                    &mut tx,
-                    EventLine {
-                        run_id: None,
-                        entity: "user",
-                        entity_id: Some(user.id),
-                        actor: &Actor::System,
-                        from: Some(before.role.as_str()),
-                        to: Some(role.as_str()),
-                        detail: Some(format!("role of {} changed", user.username)),
-                        at: Utc::now(),
-                    },
-                )
-                .await?;
+                user_event(&mut tx, &user, Some(before.role.as_str()), Some(role.as_str()), format!("role of {} changed", user.username), Utc::now()).await?;
                 commit(tx).await?;
                 Ok(user)
             }
