@@ -1966,3 +1966,77 @@ async fn postgres_two_instances_never_send_one_step_twice() {
         "one ticket, whoever answered"
     );
 }
+
+/// Another agent's calls on a run are refused without waiting for (or
+/// holding) the owner's lock, and the per-run locks do not pile up with
+/// every run the process has seen.
+#[tokio::test]
+async fn another_agents_calls_never_wait_for_the_owners_lock() {
+    let db = common::sqlite();
+    let store = saga_harness::store::open(&db.url)
+        .await
+        .unwrap()
+        .saga_store();
+    let world = Arc::new(World::new());
+    let slow = Arc::new(Slow {
+        world: world.clone(),
+        entered: tokio::sync::Notify::new(),
+        release: tokio::sync::Notify::new(),
+    });
+    let engine = Arc::new(Engine::new(store.clone(), registry(), slow.clone()));
+    let s = Setup {
+        store: store.clone(),
+        world,
+        engine: Engine::new(store.clone(), registry(), slow.clone()),
+    };
+    let run = s.run().await;
+    let owner = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .call(
+                    AGENT,
+                    run.id,
+                    "create_ticket",
+                    json!({"summary": "x"}),
+                    Some(0),
+                )
+                .await
+        })
+    };
+    // The owner's call is in flight, holding the run.
+    slow.entered.notified().await;
+    for _ in 0..3 {
+        let refused = tokio::time::timeout(
+            std::time::Duration::from_millis(500),
+            engine.call("intruder", run.id, "create_ticket", json!({}), Some(0)),
+        )
+        .await
+        .expect("refused without waiting for the owner's call")
+        .unwrap_err();
+        assert_eq!(refused.code(), "run_not_found");
+    }
+    slow.release.notify_one();
+    assert_eq!(
+        owner.await.unwrap().unwrap().outcome,
+        OutcomeKind::Confirmed
+    );
+    for _ in 0..3000 {
+        let run = s.run().await;
+        engine
+            .call(
+                AGENT,
+                run.id,
+                "crm.lookup",
+                json!({"customer": "ana"}),
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    assert!(
+        engine.run_locks_kept() <= 1024,
+        "{} per-run locks kept after 3,001 runs",
+        engine.run_locks_kept()
+    );
+}

@@ -500,7 +500,7 @@ async fn an_approval_is_decided_only_on_its_own_runs_page() {
 
 #[tokio::test]
 async fn agents_cannot_nest_arguments_past_what_the_log_reads_back_or_make_pages_huge() {
-    let world = SimulatedWorld::start(&[]).await;
+    let world = SimulatedWorld::start(&[("dana", "approver")]).await;
     let (token, harness) = (world.token.clone(), &world.harness);
     let http = client();
     let post = |path: String, body: Value| {
@@ -566,6 +566,30 @@ async fn agents_cannot_nest_arguments_past_what_the_log_reads_back_or_make_pages
     assert!(
         answer["message"].as_str().unwrap().contains("`summary`"),
         "{answer}"
+    );
+    // Fifty runs with the longest purpose allowed: the runs list shows the
+    // start of each, not all of it.
+    let long = format!("{}END", "p".repeat(1996));
+    for _ in 0..50 {
+        let (status, _) = post(format!("{base}/api/v1/runs"), json!({"purpose": long})).await;
+        assert_eq!(status, 201);
+    }
+    let lead = Dashboard::new();
+    lead.sign_in(base, "dana", PASSWORD).await;
+    let list = lead
+        .http
+        .get(format!("{base}/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!list.contains("pEND"), "a whole purpose in the list");
+    assert!(
+        list.len() < 100_000,
+        "the runs list is {} bytes",
+        list.len()
     );
 }
 

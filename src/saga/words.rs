@@ -108,6 +108,14 @@ pub fn recipients(names: &[String]) -> String {
     }
 }
 
+/// At most `max_chars` characters of `text`, with "…" when cut.
+pub fn shorten(text: &str, max_chars: usize) -> String {
+    match text.char_indices().nth(max_chars) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
 /// The filters a display template may apply to an argument:
 /// `{args.amount|money}`, `{args.to|recipients}`, `{args.key|short}`.
 pub const FILTERS: [&str; 3] = ["money", "recipients", "short"];
@@ -175,13 +183,7 @@ mod ssr {
                     None => plain(v),
                 },
                 (Some(v), "recipients") => recipients(&names(v)),
-                (Some(v), "short") => {
-                    let text = plain(v);
-                    match text.char_indices().nth(8) {
-                        Some((cut, _)) => format!("{}…", &text[..cut]),
-                        None => text,
-                    }
-                }
+                (Some(v), "short") => shorten(&plain(v), 8),
                 (Some(v), _) => plain(v),
             });
             rest = &rest[start + end + 1..];
@@ -364,6 +366,13 @@ mod tests {
         assert_eq!(money(500, "jpy"), "¥500");
         assert_eq!(money(1250, "chf"), "12.50 CHF");
         assert_eq!(money(-5, "gbp"), "-£0.05");
+    }
+
+    #[test]
+    fn lists_show_the_start_of_long_texts() {
+        assert_eq!(shorten("abcdef", 3), "abc…");
+        assert_eq!(shorten("ab", 3), "ab");
+        assert_eq!(shorten("ééééé", 2), "éé…");
     }
 
     #[test]

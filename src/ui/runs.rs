@@ -202,7 +202,8 @@ pub mod ssr {
                 awaiting_approval: waiting,
                 id: run.id.to_string(),
                 agent: run.agent,
-                purpose: run.purpose,
+                // A list shows the start of each purpose; the run page has it all.
+                purpose: crate::saga::words::shorten(&run.purpose, 120),
                 status: run.status.as_str().to_owned(),
                 age: crate::ui::ssr::age(now - run.created_at),
                 steps: run.next_step,
