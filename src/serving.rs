@@ -48,6 +48,9 @@ pub async fn serve(
     limits: ConnectionLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    if let Some(limit) = raise_open_file_limit() {
+        tracing::info!(limit, "open files allowed");
+    }
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());

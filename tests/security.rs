@@ -199,7 +199,26 @@ async fn half_open_connections_do_not_starve_agents_or_people() {
     use tokio::io::AsyncWriteExt;
     let db = common::sqlite();
     let token = provision(&db.url, AGENT, &[("dana", "approver")]).await;
+    // Started the way services usually are, with 1,024 open files allowed
+    // (the soft limit it inherits); the server raises it to the hard one.
+    let (soft, hard) = rlimit::getrlimit(rlimit::Resource::NOFILE).unwrap();
+    rlimit::setrlimit(rlimit::Resource::NOFILE, 1024.min(hard), hard).unwrap();
     let harness = Harness::start(&Launch::new(&db.url, None)).await;
+    rlimit::setrlimit(rlimit::Resource::NOFILE, soft, hard).unwrap();
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", harness.pid)).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        open_files,
+        hard.to_string(),
+        "the server raised its open-file limit"
+    );
     let address = harness.base.trim_start_matches("http://").to_owned();
     // 2,000 clients that send half a request and never the rest.
     let mut stalled = Vec::with_capacity(2000);
