@@ -378,9 +378,17 @@ fn steps_list(steps: Vec<StepView>) -> impl IntoView {
                         {step.after_pivot.then(|| view! { <span class="badge">"after the pivot"</span> })}
                         {step.external_ref.clone().map(|r| view! { <span class="muted">"ref " <code>{r}</code></span> })}
                     </p>
-                    {step.reconciled.clone().map(|r| view! { <p class="muted">{r}</p> })}
-                    {step.error.clone().map(|e| view! { <p class="bad">{e}</p> })}
                     <CallWords words=step.words.clone() key=step.key.clone()/>
+                    {step.error.clone().map(|e| {
+                        // The system's refusal is the outcome; any other error
+                        // is the history of how the outcome was learned.
+                        if step.status == "FAILED" {
+                            view! { <p class="bad">{e}</p> }.into_any()
+                        } else {
+                            view! { <p class="muted">"First answer: " {e}</p> }.into_any()
+                        }
+                    })}
+                    {step.reconciled.clone().map(|r| view! { <p class="muted">{r}</p> })}
                     {step.compensation.clone().map(|c| view! {
                         <p class="way-back">
                             "Way back " <span class=super::status_class(&c.status)>{c.status.clone()}</span>
