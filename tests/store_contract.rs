@@ -1448,6 +1448,51 @@ async fn sqlite_r2_step_writes_of_many_runs_share_a_commit_and_stay_apart() {
     }
 }
 
+/// The queue of step writes waiting for SQLite's writer is bounded: past
+/// it, callers wait for room (back-pressure) and every write still lands.
+#[tokio::test]
+async fn sqlite_a_burst_of_step_writes_waits_for_room_and_all_land() {
+    use saga_harness::store::group_commit::QUEUE;
+    use saga_harness::store::sqlite::SqliteStore;
+    let db = common::sqlite();
+    let sqlite = Arc::new(SqliteStore::open(&db.url).await.unwrap());
+    let store: Store = sqlite.clone();
+    let mut runs = Vec::new();
+    for _ in 0..(2 * QUEUE + 10) {
+        runs.push(new_run(&store, None).await);
+    }
+    let held = sqlite.session_pool().acquire().await.unwrap();
+    let before = sqlite.commit_groups();
+    let mut writes = Vec::new();
+    for run in &runs {
+        let new = step(
+            run,
+            0,
+            "jira.create",
+            ToolClass::Compensatable,
+            StepStatus::Intended,
+        );
+        let store = store.clone();
+        writes.push(tokio::spawn(async move {
+            store.record_step(new, &agent()).await
+        }));
+    }
+    // Everyone has had the chance to queue; the writer is held.
+    for _ in 0..200 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let queued = sqlite.commit_groups().sent - before.sent;
+    assert!(
+        queued <= QUEUE as u64 + 1,
+        "{queued} writes queued for a writer that takes none"
+    );
+    drop(held);
+    for write in writes {
+        assert_eq!(write.await.unwrap().unwrap().status, StepStatus::Intended);
+    }
+}
+
 /// While a store holds a run's claim, the run's step writes go down the
 /// claim's own connection: the session holding the run's advisory lock is
 /// the one that last ran the intent, then the outcome.

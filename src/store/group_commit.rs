@@ -24,6 +24,10 @@ use tokio::sync::{mpsc, oneshot};
 /// The most jobs one transaction carries.
 const MAX_GROUP: usize = 64;
 
+/// The most jobs waiting for the writer: four groups' worth. Callers past
+/// it wait their turn (back-pressure), so a burst cannot queue without end.
+pub const QUEUE: usize = 4 * MAX_GROUP;
+
 /// One step write, in both of its forms.
 pub struct WriteJob {
     /// The job alone: `PRAGMA synchronous …; BEGIN IMMEDIATE; … COMMIT;`.
@@ -39,7 +43,7 @@ type Reply = oneshot::Sender<Result<Vec<SqliteRow>, sqlx::Error>>;
 
 /// The handle the store keeps; dropping it ends the writer task.
 pub struct GroupWriter {
-    jobs: mpsc::UnboundedSender<(WriteJob, Reply)>,
+    jobs: mpsc::Sender<(WriteJob, Reply)>,
     counts: Arc<Counts>,
 }
 
@@ -65,7 +69,7 @@ impl GroupWriter {
     /// the writer connection was last left at `synchronous = NORMAL`; the
     /// task keeps it up to date after each of its commits.
     pub fn start(writer: SqlitePool, normal: Arc<AtomicBool>) -> GroupWriter {
-        let (jobs, queue) = mpsc::unbounded_channel();
+        let (jobs, queue) = mpsc::channel(QUEUE);
         let counts = Arc::new(Counts::default());
         tokio::spawn(run(writer, normal, queue, counts.clone()));
         GroupWriter { jobs, counts }
@@ -82,8 +86,11 @@ impl GroupWriter {
     /// Runs `job` in the next group; its rows once that group committed.
     pub async fn write(&self, job: WriteJob) -> Result<Vec<SqliteRow>, sqlx::Error> {
         let (reply, answer) = oneshot::channel();
+        // A full queue is a wait, not an error: the caller's write goes in
+        // as soon as the writer has taken earlier ones.
         self.jobs
             .send((job, reply))
+            .await
             .map_err(|_| sqlx::Error::PoolClosed)?;
         self.counts.sent.fetch_add(1, Ordering::Relaxed);
         answer.await.map_err(|_| sqlx::Error::PoolClosed)?
@@ -93,7 +100,7 @@ impl GroupWriter {
 async fn run(
     writer: SqlitePool,
     normal: Arc<AtomicBool>,
-    mut queue: mpsc::UnboundedReceiver<(WriteJob, Reply)>,
+    mut queue: mpsc::Receiver<(WriteJob, Reply)>,
     counts: Arc<Counts>,
 ) {
     while let Some(first) = queue.recv().await {
