@@ -252,11 +252,9 @@ impl ToolSpec {
         if recipients.is_empty() {
             return Err("the correction has no recipient for these arguments".into());
         }
-        let template = match fill(
-            &serde_json::Value::String(correction.template.clone()),
-            key,
-            args,
-        )? {
+        // Amounts and recipient counts read as in the dashboard ("$9.00").
+        let worded = super::words::fill_filtered(&correction.template, args);
+        let template = match fill(&serde_json::Value::String(worded), key, args)? {
             serde_json::Value::String(text) => text,
             other => other.to_string(),
         };
@@ -596,11 +594,17 @@ fn spec_mistakes(spec: &ToolSpec) -> Vec<RegistryMistake> {
         }
     }
     for (_, correction) in spec.corrections() {
-        let texts = std::iter::once(&correction.template).chain(&correction.recipients);
-        if let Some(problem) = texts
-            .map(String::as_str)
-            .find_map(|t| placeholder_problem(&[t]))
-        {
+        // The text may use the display filters; recipients may not.
+        let unfiltered =
+            super::words::fill_filtered(&correction.template, &serde_json::Value::Null);
+        let template_problem = super::words::display_problem_in_filters(&correction.template)
+            .or_else(|| placeholder_problem(&[&unfiltered]));
+        if let Some(problem) = template_problem.or_else(|| {
+            correction
+                .recipients
+                .iter()
+                .find_map(|t| placeholder_problem(&[t.as_str()]))
+        }) {
             say("correction", &problem);
         }
     }

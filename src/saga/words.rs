@@ -155,9 +155,40 @@ mod ssr {
         None
     }
 
+    /// What is wrong with the filtered placeholders (`{args.FIELD|filter}`)
+    /// of a correction's text, if anything; the others are [`fill`]'s.
+    ///
+    /// [`fill`]: crate::saga::registry::fill
+    pub fn display_problem_in_filters(text: &str) -> Option<String> {
+        let mut rest = text;
+        let mut filtered = String::new();
+        while let Some(start) = rest.find('{') {
+            let Some(end) = rest[start..].find('}') else {
+                break;
+            };
+            if rest[start..start + end].contains('|') {
+                filtered.push_str(&rest[start..start + end + 1]);
+            }
+            rest = &rest[start + end + 1..];
+        }
+        display_problem(&filtered)
+    }
+
     /// Fills a display template from the call's arguments; an argument the
     /// call does not have reads "(no FIELD)", so a missing value shows.
     pub fn fill_display(template: &str, args: &Value) -> String {
+        fill_placeholders(template, args, false)
+    }
+
+    /// Fills only the `{args.FIELD|filter}` placeholders of a text (a
+    /// correction's template), leaving the others for [`fill`].
+    ///
+    /// [`fill`]: crate::saga::registry::fill
+    pub fn fill_filtered(template: &str, args: &Value) -> String {
+        fill_placeholders(template, args, true)
+    }
+
+    fn fill_placeholders(template: &str, args: &Value, only_filtered: bool) -> String {
         let mut out = String::new();
         let mut rest = template;
         while let Some(start) = rest.find('{') {
@@ -167,6 +198,11 @@ mod ssr {
             };
             let inner = &rest[start + 1..start + end];
             let (field, filter) = inner.split_once('|').unwrap_or((inner, ""));
+            if only_filtered && filter.is_empty() {
+                out.push_str(&rest[start..start + end + 1]);
+                rest = &rest[start + end + 1..];
+                continue;
+            }
             let field = field.trim_start_matches("args.");
             let value = args
                 .pointer(&format!("/{}", field.replace('.', "/")))
@@ -459,6 +495,40 @@ mod tests {
         assert!(words.sentence.contains("\\u{202e}"), "{}", words.sentence);
         assert!(!words.sentence.contains('\u{202e}'));
         assert!(!words.exact.contains('\u{202e}'));
+    }
+
+    #[test]
+    fn a_corrections_text_reads_amounts_as_money() {
+        let registry = Registry::from_toml(
+            r#"
+            [[tool]]
+            name = "refund"
+            class = "irreversible"
+            connector = "stripe.refund"
+            audience = "finance"
+            correction = { template = "A refund of {args.amount|money} ({key}) was issued in error.", recipients = ["finance@example.com"] }
+            "#,
+        )
+        .unwrap();
+        let refund = registry.get("refund").unwrap();
+        let args = json!({"amount": 500, "currency": "eur"});
+        let (text, _) = refund
+            .correction_for(Audience::Finance, "k9", &args)
+            .unwrap();
+        assert_eq!(text, "A refund of €5.00 (k9) was issued in error.");
+        let bad = Registry::from_toml(
+            r#"
+            [[tool]]
+            name = "refund"
+            class = "irreversible"
+            connector = "stripe.refund"
+            audience = "finance"
+            correction = { template = "A refund of {args.amount|dollars}.", recipients = ["finance@example.com"] }
+            "#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(bad.contains("unknown filter `dollars`"), "{bad}");
     }
 
     #[test]
