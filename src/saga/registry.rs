@@ -293,20 +293,17 @@ pub fn fill(
                 }
             }
             let mut out = String::new();
-            let mut rest = text.as_str();
-            while let Some(start) = rest.find('{') {
-                out.push_str(&rest[..start]);
-                let Some(end) = rest[start..].find('}') else {
-                    return Err(format!("unclosed placeholder in {text:?}"));
-                };
-                let value = lookup(&rest[start + 1..start + end])?;
-                match value {
+            let mut done = 0;
+            for placeholder in placeholders(text) {
+                let placeholder = placeholder?;
+                out.push_str(&text[done..placeholder.start]);
+                match lookup(placeholder.name)? {
                     Value::String(s) => out.push_str(&s),
                     other => out.push_str(&other.to_string()),
                 }
-                rest = &rest[start + end + 1..];
+                done = placeholder.end;
             }
-            out.push_str(rest);
+            out.push_str(&text[done..]);
             Ok(Value::String(out))
         }
         Value::Array(items) => items
@@ -624,24 +621,54 @@ fn toml_strings(value: &toml::Value) -> Vec<&str> {
 /// What is wrong with the placeholders in these strings, if anything: only
 /// `{key}` and `{args.FIELD}` can be filled (see [`fill`]).
 fn placeholder_problem(texts: &[&str]) -> Option<String> {
-    for text in texts {
-        let mut rest = *text;
-        while let Some(start) = rest.find('{') {
-            let Some(end) = rest[start..].find('}') else {
-                return Some(format!("unclosed placeholder in {text:?}"));
+    texts
+        .iter()
+        .flat_map(|text| placeholders(text))
+        .find_map(|placeholder| {
+            let name = match placeholder {
+                Ok(placeholder) => placeholder.name,
+                Err(problem) => return Some(problem),
             };
-            let name = &rest[start + 1..start + end];
             let known = name == "key" || name.strip_prefix("args.").is_some_and(|f| !f.is_empty());
-            if !known {
-                return Some(format!(
+            (!known).then(|| {
+                format!(
                     "unknown placeholder {{{name}}}: use {{key}} (the step's idempotency key) or \
-                     {{args.FIELD}}; an external id does not exist before the call"
-                ));
+                 {{args.FIELD}}; an external id does not exist before the call"
+                )
+            })
+        })
+}
+
+/// One `{…}` in a template: where it stands and the name inside.
+pub(crate) struct Placeholder<'a> {
+    pub start: usize,
+    /// Just past its `}`.
+    pub end: usize,
+    pub name: &'a str,
+}
+
+/// The placeholders of a text, in order; an unclosed one is an error that
+/// ends the scan. Every template reader (ways back, corrections, display
+/// templates) reads them through this.
+pub(crate) fn placeholders(text: &str) -> impl Iterator<Item = Result<Placeholder<'_>, String>> {
+    let mut from = 0;
+    std::iter::from_fn(move || {
+        let start = from + text.get(from..)?.find('{')?;
+        match text[start..].find('}') {
+            Some(len) => {
+                from = start + len + 1;
+                Some(Ok(Placeholder {
+                    start,
+                    end: from,
+                    name: &text[start + 1..start + len],
+                }))
             }
-            rest = &rest[start + end + 1..];
+            None => {
+                from = text.len();
+                Some(Err(format!("unclosed placeholder in {text:?}")))
+            }
         }
-    }
-    None
+    })
 }
 
 #[cfg(test)]

@@ -126,33 +126,16 @@ pub use ssr::*;
 #[cfg(feature = "ssr")]
 mod ssr {
     use super::*;
-    use crate::saga::registry::{Registry, ToolSpec};
+    use crate::saga::registry::{placeholders, Registry, ToolSpec};
     use serde_json::Value;
 
     /// What is wrong with a display template, if anything: placeholders
     /// are `{args.FIELD}` or `{args.FIELD|filter}` with a known filter.
     pub fn display_problem(template: &str) -> Option<String> {
-        let mut rest = template;
-        while let Some(start) = rest.find('{') {
-            let Some(end) = rest[start..].find('}') else {
-                return Some(format!("unclosed placeholder in {template:?}"));
-            };
-            let inner = &rest[start + 1..start + end];
-            let (field, filter) = inner.split_once('|').unwrap_or((inner, ""));
-            if field.strip_prefix("args.").is_none_or(str::is_empty) {
-                return Some(format!(
-                    "unknown placeholder {{{inner}}}: use {{args.FIELD}} or {{args.FIELD|filter}}"
-                ));
-            }
-            if !filter.is_empty() && !FILTERS.contains(&filter) {
-                return Some(format!(
-                    "unknown filter `{filter}` in {{{inner}}}; filters: {}",
-                    FILTERS.join(", ")
-                ));
-            }
-            rest = &rest[start + end + 1..];
-        }
-        None
+        placeholders(template).find_map(|placeholder| match placeholder {
+            Ok(placeholder) => filter_problem(placeholder.name),
+            Err(problem) => Some(problem),
+        })
     }
 
     /// What is wrong with the filtered placeholders (`{args.FIELD|filter}`)
@@ -160,18 +143,27 @@ mod ssr {
     ///
     /// [`fill`]: crate::saga::registry::fill
     pub fn display_problem_in_filters(text: &str) -> Option<String> {
-        let mut rest = text;
-        let mut filtered = String::new();
-        while let Some(start) = rest.find('{') {
-            let Some(end) = rest[start..].find('}') else {
-                break;
-            };
-            if rest[start..start + end].contains('|') {
-                filtered.push_str(&rest[start..start + end + 1]);
-            }
-            rest = &rest[start + end + 1..];
+        placeholders(text)
+            .filter_map(Result::ok)
+            .filter(|placeholder| placeholder.name.contains('|'))
+            .find_map(|placeholder| filter_problem(placeholder.name))
+    }
+
+    /// What is wrong with one display placeholder's inside, if anything.
+    fn filter_problem(inner: &str) -> Option<String> {
+        let (field, filter) = inner.split_once('|').unwrap_or((inner, ""));
+        if field.strip_prefix("args.").is_none_or(str::is_empty) {
+            return Some(format!(
+                "unknown placeholder {{{inner}}}: use {{args.FIELD}} or {{args.FIELD|filter}}"
+            ));
         }
-        display_problem(&filtered)
+        if !filter.is_empty() && !FILTERS.contains(&filter) {
+            return Some(format!(
+                "unknown filter `{filter}` in {{{inner}}}; filters: {}",
+                FILTERS.join(", ")
+            ));
+        }
+        None
     }
 
     /// Fills a display template from the call's arguments; an argument the
@@ -190,19 +182,17 @@ mod ssr {
 
     fn fill_placeholders(template: &str, args: &Value, only_filtered: bool) -> String {
         let mut out = String::new();
-        let mut rest = template;
-        while let Some(start) = rest.find('{') {
-            out.push_str(&rest[..start]);
-            let Some(end) = rest[start..].find('}') else {
-                break;
-            };
-            let inner = &rest[start + 1..start + end];
-            let (field, filter) = inner.split_once('|').unwrap_or((inner, ""));
+        let mut done = 0;
+        for placeholder in placeholders(template).map_while(Result::ok) {
+            let (field, filter) = placeholder
+                .name
+                .split_once('|')
+                .unwrap_or((placeholder.name, ""));
             if only_filtered && filter.is_empty() {
-                out.push_str(&rest[start..start + end + 1]);
-                rest = &rest[start + end + 1..];
                 continue;
             }
+            out.push_str(&template[done..placeholder.start]);
+            done = placeholder.end;
             let field = field.trim_start_matches("args.");
             let value = args
                 .pointer(&format!("/{}", field.replace('.', "/")))
@@ -222,9 +212,8 @@ mod ssr {
                 (Some(v), "short") => shorten(&plain(v), 8),
                 (Some(v), _) => plain(v),
             });
-            rest = &rest[start + end + 1..];
         }
-        out.push_str(rest);
+        out.push_str(&template[done..]);
         out
     }
 
