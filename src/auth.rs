@@ -234,36 +234,21 @@ pub enum NotNow {
     Busy,
 }
 
-/// One counted attempt, holding a password checker. Dropped without
-/// [`Attempt::succeeded`], it stays counted as a failure.
+/// One counted attempt, holding a password checker until [`Attempt::checked`].
+/// Dropped without [`Attempt::succeeded`], it stays counted as a failure.
 pub struct Attempt {
     pair: [u8; 32],
     pairs: std::sync::Arc<std::sync::Mutex<Pairs>>,
-    _checker: tokio::sync::OwnedSemaphorePermit,
+    checker: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Attempt {
-    /// The password was right: the pair starts afresh.
-    pub fn succeeded(self) {
-        lock(&self.pairs).counts.remove(&self.pair);
-    }
-
     /// The password has been checked: the checker is free for the next.
-    pub fn checked(self) -> CheckedAttempt {
-        CheckedAttempt {
-            pair: self.pair,
-            pairs: self.pairs,
-        }
+    pub fn checked(mut self) -> Attempt {
+        self.checker = None;
+        self
     }
-}
 
-/// An attempt whose password check is over.
-pub struct CheckedAttempt {
-    pair: [u8; 32],
-    pairs: std::sync::Arc<std::sync::Mutex<Pairs>>,
-}
-
-impl CheckedAttempt {
     /// The password was right: the pair starts afresh.
     pub fn succeeded(self) {
         lock(&self.pairs).counts.remove(&self.pair);
@@ -366,7 +351,7 @@ impl SignInThrottle {
         Ok(Attempt {
             pair,
             pairs: self.pairs.clone(),
-            _checker: checker,
+            checker: Some(checker),
         })
     }
 

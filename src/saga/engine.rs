@@ -1006,35 +1006,25 @@ impl Engine {
 
     /// What the agent is told about a step, with the run's cursor.
     fn outcome_of(&self, step: &Step, cursor: Cursor) -> CallOutcome {
-        let (outcome, message) = match step.status {
-            StepStatus::Confirmed | StepStatus::Compensated => (OutcomeKind::Confirmed, "done".to_owned()),
-            StepStatus::Failed => (
-                OutcomeKind::Failed,
-                "the system refused this call; nothing happened. Change course rather than retrying it".to_owned(),
+        // The status-to-outcome table is `OutcomeKind::of`; here only the words.
+        let outcome = OutcomeKind::of(step.status);
+        let idx = step.step_idx;
+        let message = match outcome {
+            OutcomeKind::Confirmed => "done".to_owned(),
+            OutcomeKind::Failed => "the system refused this call; nothing happened. Change course rather than retrying it".to_owned(),
+            OutcomeKind::Unknown => format!(
+                "the outcome is unknown and may have happened. Do not retry with new arguments and do not \
+                 assume it failed: the harness resolves it. Re-send step {idx} unchanged to read its outcome"
             ),
-            StepStatus::Intended | StepStatus::Unknown => (
-                OutcomeKind::Unknown,
-                format!(
-                    "the outcome is unknown and may have happened. Do not retry with new arguments and do not \
-                     assume it failed: the harness resolves it. Re-send step {} unchanged to read its outcome",
-                    step.step_idx
-                ),
+            OutcomeKind::NotExecuted => {
+                format!("nothing happened; re-send step {idx} to try it again under the same key")
+            }
+            OutcomeKind::AwaitingApproval => format!(
+                "held for a person's approval; nothing was sent. Re-send step {idx} later to read the decision"
             ),
-            StepStatus::NotExecuted => (
-                OutcomeKind::NotExecuted,
-                format!("nothing happened; re-send step {} to try it again under the same key", step.step_idx),
-            ),
-            StepStatus::AwaitingApproval => (
-                OutcomeKind::AwaitingApproval,
-                format!(
-                    "held for a person's approval; nothing was sent. Re-send step {} later to read the decision",
-                    step.step_idx
-                ),
-            ),
-            StepStatus::Rejected => (
-                OutcomeKind::Rejected,
-                "a person rejected this call; it was not sent. Go on without it".to_owned(),
-            ),
+            OutcomeKind::Rejected => {
+                "a person rejected this call; it was not sent. Go on without it".to_owned()
+            }
         };
         CallOutcome {
             outcome,

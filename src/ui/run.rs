@@ -44,6 +44,9 @@ pub struct StepView {
     pub key: String,
     pub external_ref: Option<String>,
     pub error: Option<String>,
+    /// The error is the step's outcome (the system refused it), not the
+    /// history of how its outcome was learned.
+    pub refused: bool,
     /// How the outcome was learned when not from the call's own answer:
     /// "found in the system", "a person said it happened" …
     pub reconciled: Option<String>,
@@ -382,7 +385,7 @@ fn steps_list(steps: Vec<StepView>) -> impl IntoView {
                     {step.error.clone().map(|e| {
                         // The system's refusal is the outcome; any other error
                         // is the history of how the outcome was learned.
-                        if step.status == "FAILED" {
+                        if step.refused {
                             view! { <p class="bad">{e}</p> }.into_any()
                         } else {
                             view! { <p class="muted">"First answer: " {e}</p> }.into_any()
@@ -608,6 +611,7 @@ pub(crate) mod ssr {
                 key: step.idempotency_key.clone(),
                 external_ref: step.external_ref.clone(),
                 error: step.error.clone(),
+                refused: step.status == StepStatus::Failed,
                 reconciled: reconciled_by(&events, step),
                 compensation: compensations
                     .iter()
