@@ -1864,6 +1864,16 @@ struct Slow {
     release: tokio::sync::Notify,
 }
 
+impl Slow {
+    fn over(world: Arc<World>) -> Arc<Slow> {
+        Arc::new(Slow {
+            world,
+            entered: tokio::sync::Notify::new(),
+            release: tokio::sync::Notify::new(),
+        })
+    }
+}
+
 #[async_trait::async_trait]
 impl Connector for Slow {
     async fn execute(
@@ -1914,11 +1924,7 @@ async fn postgres_two_instances_never_send_one_step_twice() {
         .unwrap()
         .saga_store();
     let world = Arc::new(World::new());
-    let slow = Arc::new(Slow {
-        world: world.clone(),
-        entered: tokio::sync::Notify::new(),
-        release: tokio::sync::Notify::new(),
-    });
+    let slow = Slow::over(world.clone());
     let a = Arc::new(Engine::new(store_a.clone(), registry(), slow.clone()));
     let b = Arc::new(Engine::new(store_b, registry(), world.clone()));
     let run = Setup::new(store_a).run().await;
@@ -1978,11 +1984,7 @@ async fn another_agents_calls_never_wait_for_the_owners_lock() {
         .unwrap()
         .saga_store();
     let world = Arc::new(World::new());
-    let slow = Arc::new(Slow {
-        world: world.clone(),
-        entered: tokio::sync::Notify::new(),
-        release: tokio::sync::Notify::new(),
-    });
+    let slow = Slow::over(world.clone());
     let engine = Arc::new(Engine::new(store.clone(), registry(), slow.clone()));
     let s = Setup {
         store: store.clone(),

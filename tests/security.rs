@@ -641,15 +641,7 @@ async fn what_the_approver_reads_shows_hidden_characters() {
     assert_eq!(proposed.status(), 200);
     let lead = Dashboard::new();
     lead.sign_in(&harness.base, "dana", PASSWORD).await;
-    let html = lead
-        .http
-        .get(format!("{}/runs/{run}", harness.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let html = lead.page(&harness.base, &format!("/runs/{run}")).await;
     for hidden in ['\u{202e}', '\u{2066}', '\u{7}'] {
         assert!(
             !html.contains(hidden),
@@ -701,30 +693,14 @@ async fn agents_cannot_push_peoples_decisions_off_the_audit_page() {
     let harness = Harness::start(&Launch::new(&db.url, None)).await;
     let lead = Dashboard::new();
     lead.sign_in(&harness.base, "dana", PASSWORD).await;
-    let html = lead
-        .http
-        .get(format!("{}/audit", harness.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let html = lead.page(&harness.base, "/audit").await;
     assert!(
         html.contains("dana&#x27;s decision that must stay visible")
             || html.contains("dana's decision that must stay visible")
     );
     assert!(!html.contains("agent noise"));
     // Everything, a page at a time, with a link to older lines.
-    let html = lead
-        .http
-        .get(format!("{}/audit?all=1", harness.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let html = lead.page(&harness.base, "/audit?all=1").await;
     assert!(html.contains("agent noise 5999"));
     assert!(
         !html.contains("agent noise 5000"),

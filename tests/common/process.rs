@@ -213,6 +213,18 @@ impl Dashboard {
         assert_eq!(location, "/", "sign-in of {username} refused");
     }
 
+    /// A dashboard page's HTML, as the server renders it.
+    pub async fn page(&self, base: &str, path: &str) -> String {
+        self.http
+            .get(format!("{base}{path}"))
+            .send()
+            .await
+            .expect("the page answers")
+            .text()
+            .await
+            .expect("the page's text")
+    }
+
     /// Posts a server function's form, as the dashboard's page does.
     pub async fn post(
         &self,
