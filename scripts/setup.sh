@@ -63,6 +63,12 @@ setup_postgres() {
     say "installing PostgreSQL (Debian)"
     apt_install postgresql
   fi
+  # A transaction-pooling PgBouncer stands in front of PostgreSQL in the
+  # race and crash suites, as it does where PostgreSQL is run at scale.
+  if [ ! -x /usr/sbin/pgbouncer ]; then
+    say "installing PgBouncer (Debian)"
+    apt_install pgbouncer
+  fi
   local version
   version="$(ls /etc/postgresql | sort -n | tail -n 1)"
   if [ -z "$version" ]; then

@@ -144,7 +144,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
 }
 
 async fn open(database: &DatabaseArgs) -> anyhow::Result<store::Opened> {
-    store::open(&database.database_url)
+    store::open_with(&database.database_url, &database.store)
         .await
         .with_context(|| format!("opening {}", store::redact(&database.database_url)))
 }

@@ -21,6 +21,8 @@ pub struct DatabaseArgs {
     /// sqlite://FILE (default, created if missing) or postgres://USER:PASSWORD@HOST/DB
     #[arg(long, env = "DATABASE_URL", default_value = crate::store::DEFAULT_DATABASE_URL)]
     pub database_url: String,
+    #[command(flatten)]
+    pub store: crate::store::StoreSettings,
 }
 
 #[derive(Debug, Subcommand)]

@@ -57,6 +57,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         bind: args.bind,
         database: DatabaseArgs {
             database_url: format!("sqlite://{}", args.database.display()),
+            store: Default::default(),
         },
         tools: None,
         secure_cookies: false,

@@ -8,6 +8,7 @@ use crate::connectors::ConnectorSet;
 use crate::saga::engine::Engine;
 use crate::saga::registry::{Registry, RegistryError};
 use crate::saga::store::{SagaStore, StoreError};
+use crate::store::pooled_sessions::PooledSessions;
 use crate::store::{self, Opened};
 use crate::ui::{self, SessionUser, SESSION_USER_KEY};
 use axum::body::Body;
@@ -123,7 +124,7 @@ impl Application {
                 missing,
             });
         }
-        let opened = store::open(&args.database.database_url)
+        let opened = store::open_with(&args.database.database_url, &args.database.store)
             .await
             .map_err(|source| ServerError::Store {
                 url: store::redact(&args.database.database_url),
@@ -342,6 +343,15 @@ async fn router(
     Ok(match opened {
         Opened::Sqlite(store) => {
             let sessions = SqliteSessions::new(store.session_pool());
+            sessions
+                .migrate()
+                .await
+                .map_err(|e| ServerError::Sessions(e.to_string()))?;
+            delete_expired_sessions(sessions.clone());
+            app.layer(session_layer(sessions, expiry, secure))
+        }
+        Opened::Postgres(store) if store.behind_pooler() => {
+            let sessions = PooledSessions::new(store.session_pool());
             sessions
                 .migrate()
                 .await

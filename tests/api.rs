@@ -42,6 +42,7 @@ fn serve_args(url: &str, tools: std::path::PathBuf) -> ServeArgs {
         bind: "127.0.0.1:0".parse().unwrap(),
         database: DatabaseArgs {
             database_url: url.to_owned(),
+            store: Default::default(),
         },
         tools: Some(tools),
         secure_cookies: false,

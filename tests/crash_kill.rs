@@ -7,8 +7,9 @@
 //! once, no effect exists that the log does not know, and every
 //! compensation undoes an effect that happened, once.
 //!
-//! Every schedule runs on SQLite and on PostgreSQL. `SAGA_CRASH_REPEAT=N`
-//! runs each schedule N times (default 1).
+//! Every schedule runs on SQLite, on PostgreSQL, and on PostgreSQL behind
+//! a transaction-pooling PgBouncer. `SAGA_CRASH_REPEAT=N` runs each
+//! schedule N times (default 1).
 
 mod common;
 
@@ -38,6 +39,7 @@ const UNWIND: [&str; 3] = [
 enum Backend {
     Sqlite,
     Postgres,
+    PgBouncer,
 }
 
 impl Backend {
@@ -45,6 +47,7 @@ impl Backend {
         match self {
             Backend::Sqlite => Some(common::sqlite()),
             Backend::Postgres => common::postgres().await,
+            Backend::PgBouncer => common::postgres_via_pgbouncer().await,
         }
     }
 }
@@ -108,8 +111,11 @@ impl Schedule {
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let tools = tools_file(&sims, dir.path(), 50);
-        let token = provision(&db.url, AGENT, &[(LEAD, "approver")]).await;
-        let plain = Launch::new(&db.url, Some(&tools));
+        let token = provision(&db.direct_url, AGENT, &[(LEAD, "approver")]).await;
+        let mut plain = Launch::new(&db.url, Some(&tools));
+        for (name, value) in db.env() {
+            plain = plain.env(&name, &value);
+        }
         let launch = match failpoint {
             Some(spec) => plain.clone().failpoint(spec),
             None => plain.clone(),
@@ -232,7 +238,9 @@ impl Schedule {
     /// compensations, and the keys of the corrections' sends.
     async fn log(&mut self, run: &str) -> (Vec<Step>, Vec<Compensation>, Vec<String>) {
         self.harness.kill();
-        let opened = saga_harness::store::open(&self.db.url).await.unwrap();
+        let opened = saga_harness::store::open(&self.db.direct_url)
+            .await
+            .unwrap();
         let store = opened.saga_store();
         let run = run.parse().unwrap();
         (
@@ -832,4 +840,19 @@ async fn sqlite_a_crash_in_a_pivot_commit_or_a_correction_send_doubles_nothing()
 #[tokio::test]
 async fn postgres_a_crash_in_a_pivot_commit_or_a_correction_send_doubles_nothing() {
     each_commit_point(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn pgbouncer_a_crash_at_each_dispatch_boundary_doubles_and_loses_nothing() {
+    each_dispatch_boundary(Backend::PgBouncer).await;
+}
+
+#[tokio::test]
+async fn pgbouncer_a_crash_in_the_middle_of_an_unwind_compensates_each_effect_once() {
+    each_unwind_point(Backend::PgBouncer).await;
+}
+
+#[tokio::test]
+async fn pgbouncer_a_crash_in_a_pivot_commit_or_a_correction_send_doubles_nothing() {
+    each_commit_point(Backend::PgBouncer).await;
 }

@@ -32,6 +32,7 @@ async fn start_harness(database_url: &str, tools: PathBuf, token: Option<&str>) 
         bind: "127.0.0.1:0".parse().unwrap(),
         database: DatabaseArgs {
             database_url: database_url.to_owned(),
+            store: Default::default(),
         },
         tools: Some(tools),
         secure_cookies: false,

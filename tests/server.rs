@@ -15,6 +15,7 @@ fn serve_args(url: &str, bind: SocketAddr, tools: Option<PathBuf>) -> ServeArgs 
         bind,
         database: DatabaseArgs {
             database_url: url.to_owned(),
+            store: Default::default(),
         },
         tools,
         secure_cookies: false,

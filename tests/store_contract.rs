@@ -1493,11 +1493,11 @@ async fn sqlite_a_burst_of_step_writes_waits_for_room_and_all_land() {
     }
 }
 
-/// While a store holds a run's claim, the run's step writes go down the
-/// claim's own connection: the session holding the run's advisory lock is
-/// the one that last ran the intent, then the outcome.
+/// A run's claim on PostgreSQL is a lease in the run's row: it holds no
+/// connection, so one instance can hold many more claims than its pool
+/// has connections, and each claimed run still takes its steps.
 #[tokio::test]
-async fn postgres_a_claimed_runs_writes_go_down_the_claims_connection() {
+async fn postgres_a_run_claim_holds_no_database_connection() {
     let Some(db) = common::postgres().await else {
         eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
         return;
@@ -1506,68 +1506,129 @@ async fn postgres_a_claimed_runs_writes_go_down_the_claims_connection() {
         .await
         .unwrap()
         .saga_store();
-    let observer = sqlx::PgPool::connect(&db.url).await.unwrap();
-    let holders_last_query = || async {
-        sqlx::query_scalar::<_, String>(
-            "SELECT a.query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-             WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database()",
-        )
-        .fetch_all(&observer)
+    let mut runs = Vec::new();
+    for i in 0..100 {
+        runs.push(new_run(&store, Some(&format!("held {i}"))).await);
+    }
+    let claims = futures::future::try_join_all(runs.iter().map(|r| store.claim_and_read(r.id)))
         .await
-        .unwrap()
-    };
-    let run = new_run(&store, None).await;
-    let claimed = store.claim_and_read(run.id).await.unwrap();
-    store
-        .record_step(
+        .unwrap();
+    let observer = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let leased: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM runs WHERE lease_owner IS NOT NULL AND lease_until > clock_timestamp()",
+    )
+    .fetch_one(&observer)
+    .await
+    .unwrap();
+    assert_eq!(leased, 100, "every claim is a live lease in its run's row");
+    let sessions: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",
+    )
+    .fetch_one(&observer)
+    .await
+    .unwrap();
+    assert!(
+        sessions < 100,
+        "{sessions} sessions for 100 claims: claims hold connections"
+    );
+    // Every claimed run writes its step while all 100 claims are held.
+    let actor = agent();
+    futures::future::try_join_all(runs.iter().map(|r| {
+        store.record_step(
             step(
-                &run,
+                r,
                 0,
                 "jira.create",
                 ToolClass::Compensatable,
                 StepStatus::Intended,
             ),
-            &agent(),
+            &actor,
         )
-        .await
-        .unwrap();
-    let last = holders_last_query().await;
-    assert_eq!(last.len(), 1, "{last:?}");
-    assert!(last[0].contains("INSERT INTO saga_log"), "{last:?}");
-    store
-        .settle_step(
-            run.id,
-            0,
-            Outcome::moving(StepStatus::Intended, StepStatus::Confirmed),
-            Durability::Lazy,
-            &agent(),
-        )
-        .await
-        .unwrap();
-    let last = holders_last_query().await;
-    assert!(last[0].contains("UPDATE saga_log SET status"), "{last:?}");
-    drop(claimed);
-    // Released: the lock goes, and the run's writes use the pool again.
+    }))
+    .await
+    .unwrap();
+    drop(claims);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while !holders_last_query().await.is_empty() {
+    loop {
+        let leased: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM runs WHERE lease_owner IS NOT NULL")
+                .fetch_one(&observer)
+                .await
+                .unwrap();
+        if leased == 0 {
+            break;
+        }
         assert!(
             std::time::Instant::now() < deadline,
-            "the claim was never released"
+            "{leased} leases were never released"
         );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    store
-        .record_step(
-            step(
-                &run,
-                1,
-                "jira.create",
-                ToolClass::Compensatable,
-                StepStatus::Intended,
-            ),
-            &agent(),
-        )
+}
+
+/// A holder that died leaves its lease in the row. Another instance waits
+/// for it to run out (never takes a live one), then takes the run; one
+/// that cannot wait that long is told the run is busy.
+#[tokio::test]
+async fn postgres_a_dead_holders_lease_is_taken_over_only_after_it_runs_out() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let open = |lease_ms: u64, wait_ms: u64| {
+        let url = db.url.clone();
+        async move {
+            let settings = saga_harness::store::StoreSettings {
+                run_lease_ms: lease_ms,
+                run_wait_ms: wait_ms,
+                ..Default::default()
+            };
+            saga_harness::store::open_with(&url, &settings)
+                .await
+                .unwrap()
+                .saga_store()
+        }
+    };
+    let patient = open(1_000, 5_000).await;
+    let hasty = open(1_000, 200).await;
+    let run = new_run(&patient, Some("orphaned")).await;
+    let observer = sqlx::PgPool::connect(&db.url).await.unwrap();
+    // The dead holder's lease: 1.5 s left, and nobody to renew it.
+    sqlx::query(
+        "UPDATE runs SET lease_owner = 'dead-instance',
+            lease_until = clock_timestamp() + interval '1500 milliseconds' WHERE id = $1",
+    )
+    .bind(run.id.to_string())
+    .execute(&observer)
+    .await
+    .unwrap();
+    match hasty.claim_run(run.id).await {
+        Err(StoreError::RunBusy { waited_ms }) => assert_eq!(waited_ms, 200),
+        Err(other) => panic!("expected RunBusy, got {other}"),
+        Ok(_) => panic!("a live lease was taken over"),
+    }
+    let started = std::time::Instant::now();
+    let claim = patient.claim_and_read(run.id).await.unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_millis(1_000),
+        "taken after {waited:?}, before the dead holder's lease ran out"
+    );
+    assert_eq!(claim.read.run.as_ref().unwrap().id, run.id);
+    let owner: Option<String> = sqlx::query_scalar("SELECT lease_owner FROM runs WHERE id = $1")
+        .bind(run.id.to_string())
+        .fetch_one(&observer)
         .await
         .unwrap();
-    assert!(holders_last_query().await.is_empty());
+    assert_ne!(owner.as_deref(), Some("dead-instance"));
+    // While held, the lease is renewed: it outlives its first term.
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    assert!(
+        matches!(
+            hasty.claim_run(run.id).await,
+            Err(StoreError::RunBusy { .. })
+        ),
+        "a held lease ran out while its holder was alive"
+    );
+    drop(claim);
 }

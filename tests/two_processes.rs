@@ -1,64 +1,18 @@
-//! Two harness processes share one PostgreSQL and race for the same step of
-//! the same run over HTTP (§5, §8): the real system sees one effect, and
-//! both agents read the same outcome.
+//! Several harness processes share one PostgreSQL (§5, §8): they race for
+//! the same step of the same run over HTTP, one dies or stalls while it
+//! owns a step in flight, and the real system still sees one effect for
+//! each step. Every test runs on PostgreSQL directly and behind a
+//! transaction-pooling PgBouncer.
 
 mod common;
 
-use saga_harness::sim::bundle::{Simulators, CREDENTIALS};
+use common::process::{provision, Harness, Launch};
+use saga_harness::sim::bundle::Simulators;
+use saga_harness::sim::{Fault, FaultRule};
 use serde_json::{json, Value};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-struct Harness {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn spawn_harness(database_url: &str, tools: &std::path::Path) -> Harness {
-    let port = free_port();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_saga-harness"));
-    command
-        .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
-        .arg("--tools")
-        .arg(tools)
-        .env("DATABASE_URL", database_url)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    for (name, value) in CREDENTIALS {
-        command.env(name, value);
-    }
-    let child = command.spawn().expect("the harness binary starts");
-    let harness = Harness {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    };
-    let http = reqwest::Client::new();
-    for _ in 0..200 {
-        if let Ok(response) = http.get(format!("{}/healthz", harness.base)).send().await {
-            if response.status().is_success() {
-                return harness;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the harness on port {port} did not become healthy");
-}
+const AGENT: &str = "support-bot";
 
 async fn post(http: &reqwest::Client, url: String, token: &str, body: Value) -> (u16, Value) {
     let response = http
@@ -72,70 +26,107 @@ async fn post(http: &reqwest::Client, url: String, token: &str, body: Value) -> 
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
-#[tokio::test]
-async fn postgres_two_processes_racing_one_step_make_one_effect_and_agree() {
-    let Some(db) = common::postgres().await else {
-        eprintln!("SAGA_TEST_POSTGRES_URL is not set: skipping the two-process race");
-        return;
-    };
+/// A harness process on `db`, with a short run lease where a test needs
+/// one to run out.
+async fn spawn_harness(
+    db: &common::TestDb,
+    tools: &std::path::Path,
+    lease_ms: Option<u64>,
+) -> Harness {
+    let mut launch = Launch::new(&db.url, Some(tools));
+    for (name, value) in db.env() {
+        launch = launch.env(&name, &value);
+    }
+    if let Some(ms) = lease_ms {
+        launch = launch.env("SAGA_RUN_LEASE_MS", &ms.to_string());
+    }
+    Harness::start(&launch).await
+}
+
+fn reship() -> Value {
+    json!({"tool": "reship", "step": 0,
+        "args": {"order_id": "ord_1002", "items": ["LAMP-7"], "email": "grace@example.com"}})
+}
+
+/// Waits until the warehouse has been asked for `n` shipments.
+async fn until_shipments_asked(sims: &Simulators, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sims
+        .warehouse
+        .state
+        .faults
+        .requests_to("POST", "/v1/shipments")
+        < n
+    {
+        assert!(Instant::now() < deadline, "the warehouse was never asked");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn new_run(http: &reqwest::Client, base: &str, token: &str, purpose: &str) -> String {
+    let (status, created) = post(
+        http,
+        format!("{base}/api/v1/runs"),
+        token,
+        json!({ "purpose": purpose }),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    created["run"]["id"].as_str().unwrap().to_owned()
+}
+
+async fn simulators_and_tools() -> (Simulators, tempfile::TempDir, std::path::PathBuf) {
     let sims = Simulators::start("127.0.0.1".parse().unwrap(), 0)
         .await
         .unwrap();
-    // The warehouse answers slowly, so both requests are in flight at once.
-    sims.warehouse.state.faults.inject(
-        saga_harness::sim::FaultRule::new(
-            "POST",
-            "/v1/shipments",
-            saga_harness::sim::Fault::Delay { ms: 300 },
-        )
-        .times(10),
-    );
     let dir = tempfile::tempdir().unwrap();
-    let tools = dir.path().join("tools.toml");
-    let shipped = std::fs::read_to_string("tools/support.toml").unwrap();
-    std::fs::write(&tools, sims.point(&shipped).unwrap()).unwrap();
+    let tools = common::process::tools_file(&sims, dir.path(), 50);
+    (sims, dir, tools)
+}
 
-    let first = spawn_harness(&db.url, &tools).await;
-    let second = spawn_harness(&db.url, &tools).await;
-    let store = saga_harness::store::open(&db.url)
-        .await
-        .unwrap()
-        .saga_store();
-    let token = saga_harness::auth::new_api_token();
-    store
-        .add_api_token("support-bot", &saga_harness::auth::token_hash(&token), None)
-        .await
-        .unwrap();
+#[tokio::test]
+async fn postgres_three_processes_racing_one_step_make_one_effect_and_agree() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("SAGA_TEST_POSTGRES_URL is not set: skipping the three-process race");
+        return;
+    };
+    three_processes_race(db).await;
+}
 
+#[tokio::test]
+async fn pgbouncer_three_processes_racing_one_step_make_one_effect_and_agree() {
+    let Some(db) = common::postgres_via_pgbouncer().await else {
+        return;
+    };
+    three_processes_race(db).await;
+}
+
+async fn three_processes_race(db: common::TestDb) {
+    let (sims, _dir, tools) = simulators_and_tools().await;
+    // The warehouse answers slowly, so both requests are in flight at once.
+    sims.warehouse
+        .state
+        .faults
+        .inject(FaultRule::new("POST", "/v1/shipments", Fault::Delay { ms: 300 }).times(10));
+    let token = provision(&db.direct_url, AGENT, &[]).await;
+    let first = spawn_harness(&db, &tools, None).await;
+    let second = spawn_harness(&db, &tools, None).await;
+    let third = spawn_harness(&db, &tools, None).await;
     let http = reqwest::Client::new();
     let rounds = 5;
     for round in 0..rounds {
-        let (status, created) = post(
-            &http,
-            format!("{}/api/v1/runs", first.base),
-            &token,
-            json!({"purpose": format!("race {round}")}),
-        )
-        .await;
-        assert_eq!(status, 201, "{created}");
-        let run = created["run"]["id"].as_str().unwrap().to_owned();
-        let body = json!({"tool": "reship", "step": 0,
-            "args": {"order_id": "ord_1002", "items": ["LAMP-7"], "email": "grace@example.com"}});
-        let (a, b) = tokio::join!(
+        let run = new_run(&http, &first.base, &token, &format!("race {round}")).await;
+        let call = |base: &str| {
             post(
                 &http,
-                format!("{}/api/v1/runs/{run}/calls", first.base),
+                format!("{base}/api/v1/runs/{run}/calls"),
                 &token,
-                body.clone()
-            ),
-            post(
-                &http,
-                format!("{}/api/v1/runs/{run}/calls", second.base),
-                &token,
-                body.clone()
-            ),
-        );
-        for (status, out) in [&a, &b] {
+                reship(),
+            )
+        };
+        let (a, b, c) = tokio::join!(call(&first.base), call(&second.base), call(&third.base));
+        assert_eq!(c.1["key"], a.1["key"], "round {round}: one step, one key");
+        for (status, out) in [&a, &b, &c] {
             assert_eq!(*status, 200, "round {round}: {out}");
             assert_eq!(out["outcome"], "confirmed", "round {round}: {out}");
         }
@@ -164,8 +155,8 @@ async fn postgres_two_processes_racing_one_step_make_one_effect_and_agree() {
         );
     }
     assert_eq!(sims.warehouse.ledger().of("shipment.created").len(), rounds);
-    // Not one request more: the second process never sent the step again,
-    // it read the first one's outcome.
+    // Not one request more: the other processes never sent the step
+    // again, they read the first one's outcome.
     assert_eq!(
         sims.warehouse
             .state
@@ -173,4 +164,168 @@ async fn postgres_two_processes_racing_one_step_make_one_effect_and_agree() {
             .requests_to("POST", "/v1/shipments"),
         rounds
     );
+}
+
+/// An instance dies (SIGKILL) while it owns a step in flight. Another
+/// instance does not touch the step while the dead one's lease lasts; once
+/// it runs out, the agent's re-sent step is finished there by lookup
+/// (R7): one shipment, never sent twice.
+async fn killed_owner(db: common::TestDb) {
+    let (sims, _dir, tools) = simulators_and_tools().await;
+    // The shipment is made at once; the answer would come 30 s later.
+    sims.warehouse
+        .state
+        .faults
+        .inject(FaultRule::new("POST", "/v1/shipments", Fault::Delay { ms: 30_000 }).times(1));
+    let token = provision(&db.direct_url, AGENT, &[]).await;
+    let mut owner = spawn_harness(&db, &tools, Some(1_500)).await;
+    let other = spawn_harness(&db, &tools, Some(1_500)).await;
+    let http = reqwest::Client::new();
+    let run = new_run(&http, &owner.base, &token, "killed mid-call").await;
+    let in_flight = tokio::spawn({
+        let (http, token) = (http.clone(), token.clone());
+        let url = format!("{}/api/v1/runs/{run}/calls", owner.base);
+        async move {
+            http.post(url)
+                .bearer_auth(token)
+                .json(&reship())
+                .send()
+                .await
+        }
+    });
+    until_shipments_asked(&sims, 1).await;
+    owner.kill();
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the killed instance answered"
+    );
+    let started = Instant::now();
+    let (status, out) = post(
+        &http,
+        format!("{}/api/v1/runs/{run}/calls", other.base),
+        &token,
+        reship(),
+    )
+    .await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["outcome"], "confirmed", "{out}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}: the lease should run out within 1.5 s",
+        started.elapsed()
+    );
+    assert_eq!(sims.warehouse.ledger().of("shipment.created").len(), 1);
+    assert_eq!(
+        sims.warehouse
+            .state
+            .faults
+            .requests_to("POST", "/v1/shipments"),
+        1,
+        "the step was sent again instead of looked up"
+    );
+}
+
+#[tokio::test]
+async fn postgres_a_step_in_flight_on_a_killed_instance_is_finished_once_by_another_after_its_lease(
+) {
+    let Some(db) = common::postgres().await else {
+        eprintln!("SAGA_TEST_POSTGRES_URL is not set: skipping");
+        return;
+    };
+    killed_owner(db).await;
+}
+
+#[tokio::test]
+async fn pgbouncer_a_step_in_flight_on_a_killed_instance_is_finished_once_by_another_after_its_lease(
+) {
+    let Some(db) = common::postgres_via_pgbouncer().await else {
+        return;
+    };
+    killed_owner(db).await;
+}
+
+/// An instance stalls (SIGSTOP) past its lease with a step in flight;
+/// another takes the run and settles the step by lookup. When the stalled
+/// one wakes and its call returns, its outcome is not written over the
+/// log: its agent reads what the log says, and the step's audit trail has
+/// one outcome, not two.
+async fn paused_owner(db: common::TestDb) {
+    let (sims, _dir, tools) = simulators_and_tools().await;
+    sims.warehouse
+        .state
+        .faults
+        .inject(FaultRule::new("POST", "/v1/shipments", Fault::Delay { ms: 2_000 }).times(1));
+    let token = provision(&db.direct_url, AGENT, &[]).await;
+    let stalled = spawn_harness(&db, &tools, Some(1_000)).await;
+    let other = spawn_harness(&db, &tools, Some(1_000)).await;
+    let http = reqwest::Client::new();
+    let run = new_run(&http, &stalled.base, &token, "paused mid-call").await;
+    let in_flight = tokio::spawn({
+        let (http, token) = (http.clone(), token.clone());
+        let url = format!("{}/api/v1/runs/{run}/calls", stalled.base);
+        async move { post(&http, url, &token, reship()).await }
+    });
+    until_shipments_asked(&sims, 1).await;
+    signal(stalled.pid, "-STOP");
+    let (status, taken_over) = post(
+        &http,
+        format!("{}/api/v1/runs/{run}/calls", other.base),
+        &token,
+        reship(),
+    )
+    .await;
+    assert_eq!(status, 200, "{taken_over}");
+    assert_eq!(taken_over["outcome"], "confirmed", "{taken_over}");
+    signal(stalled.pid, "-CONT");
+    let (status, late) = in_flight.await.unwrap();
+    assert_eq!(status, 200, "{late}");
+    assert_eq!(late["outcome"], "confirmed", "{late}");
+    assert_eq!(late["external_ref"], taken_over["external_ref"]);
+    assert_eq!(sims.warehouse.ledger().of("shipment.created").len(), 1);
+    assert_eq!(
+        sims.warehouse
+            .state
+            .faults
+            .requests_to("POST", "/v1/shipments"),
+        1
+    );
+    let store = saga_harness::store::open(&db.direct_url)
+        .await
+        .unwrap()
+        .saga_store();
+    let run_id = run.parse().unwrap();
+    let outcomes: Vec<_> = store
+        .events(Some(run_id), 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.entity == "step" && e.from_status.as_deref() == Some("INTENDED"))
+        .collect();
+    assert_eq!(outcomes.len(), 1, "{outcomes:?}");
+    assert_eq!(outcomes[0].actor, "system", "{outcomes:?}");
+}
+
+fn signal(pid: u32, which: &str) {
+    let status = std::process::Command::new("kill")
+        .args([which, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {which} {pid}");
+}
+
+#[tokio::test]
+async fn postgres_an_instance_paused_past_its_lease_never_writes_over_the_log() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("SAGA_TEST_POSTGRES_URL is not set: skipping");
+        return;
+    };
+    paused_owner(db).await;
+}
+
+#[tokio::test]
+async fn pgbouncer_an_instance_paused_past_its_lease_never_writes_over_the_log() {
+    let Some(db) = common::postgres_via_pgbouncer().await else {
+        return;
+    };
+    paused_owner(db).await;
 }

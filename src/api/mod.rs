@@ -201,6 +201,15 @@ impl From<Refusal> for ApiError {
                     format!("{refusal}; re-send the same step to read its outcome"),
                 );
             }
+            // Another instance has a call of this run in flight: the agent
+            // re-sends the same step shortly and reads its outcome.
+            Refusal::Store(StoreError::RunBusy { .. }) => {
+                return ApiError::new(
+                    StatusCode::CONFLICT,
+                    "run_busy",
+                    format!("{refusal}; re-send the same step shortly to read its outcome"),
+                );
+            }
             Refusal::Store(_) => return ApiError::internal(refusal),
         };
         let step = match &refusal {

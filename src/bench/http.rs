@@ -46,6 +46,7 @@ impl FullPath {
             bind: ([127, 0, 0, 1], 0).into(),
             database: DatabaseArgs {
                 database_url: database_url.to_owned(),
+                store: Default::default(),
             },
             tools: None,
             secure_cookies: false,

@@ -311,6 +311,19 @@ impl Engine {
         })
     }
 
+    /// `serialise`, or `None` when another instance holds the run past the
+    /// store's wait (background work leaves such a run to its holder).
+    pub(crate) async fn serialise_unless_busy(
+        &self,
+        run_id: Uuid,
+    ) -> Result<Option<RunGuard>, Refusal> {
+        match self.serialise(run_id).await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(Refusal::Store(StoreError::RunBusy { .. })) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
     /// `serialise`, and the run with its unsettled steps, read under the
     /// claim (one round trip on PostgreSQL).
     async fn serialise_and_read(&self, run_id: Uuid) -> Result<(RunGuard, ClaimedRead), Refusal> {
@@ -735,10 +748,25 @@ impl Engine {
         } else {
             Durability::Durable
         };
-        let settled = self
+        let settled = match self
             .store
             .settle_step(step.run_id, step.step_idx, outcome, durability, actor)
-            .await?;
+            .await
+        {
+            Ok(settled) => settled,
+            // The step moved while the call was out: this instance outlived
+            // its lease and another settled the step first (by lookup, or
+            // by a person). What the log says stands; this outcome is not
+            // written over it.
+            Err(StoreError::Stale { .. }) => self
+                .store
+                .step(step.run_id, step.step_idx)
+                .await?
+                .ok_or_else(|| StoreError::NotFound {
+                    what: format!("step {} of run {}", step.step_idx, step.run_id),
+                })?,
+            Err(err) => return Err(err.into()),
+        };
         if settled.status == StepStatus::Unknown && durability == Durability::Durable {
             // Nothing can look this up: ask now rather than at the next call.
             self.ask_a_person(&settled).await?;

@@ -17,6 +17,8 @@ pub struct ResumeReport {
     pub expired_pivots: usize,
     /// Runs left waiting for a person.
     pub needs_attention: usize,
+    /// Runs another live instance was working on, left to it.
+    pub busy: usize,
 }
 
 impl Engine {
@@ -60,7 +62,11 @@ impl Engine {
         }
         let mut settled = 0;
         for (run_id, steps) in by_run {
-            let _serialised = self.serialise(run_id).await?;
+            // A run another instance is working on is that instance's to
+            // settle; the next sweep looks again.
+            let Some(_serialised) = self.serialise_unless_busy(run_id).await? else {
+                continue;
+            };
             for idx in steps {
                 // Read again under the claim: the call in flight, or another
                 // instance, may have settled it meanwhile.
@@ -87,6 +93,13 @@ impl Engine {
             RunStatus::Unwinding,
         ];
         for run in self.store().runs_with_status(&live).await? {
+            // Another live instance sharing the database may be working on
+            // this run: its in-flight step is not this start-up's to settle.
+            let Some(serialised) = self.serialise_unless_busy(run.id).await? else {
+                report.busy += 1;
+                continue;
+            };
+            let mut decided_steps = Vec::new();
             for step in self.store().steps(run.id).await? {
                 match step.status {
                     StepStatus::Intended | StepStatus::Unknown => {
@@ -94,23 +107,25 @@ impl Engine {
                         report.reconciled += 1;
                     }
                     // Decided, but the crash came before the step followed:
-                    // finish what the person decided.
+                    // finish what the person decided (below, under its own
+                    // claim).
                     StepStatus::AwaitingApproval => {
                         let decided = self.store().approvals(run.id).await?.into_iter().find(|a| {
                             a.kind == ApprovalKind::Step
                                 && a.step_idx == Some(step.step_idx)
                                 && a.status != ApprovalStatus::Pending
                         });
-                        if let Some(approval) = decided {
-                            let person =
-                                Actor::User(approval.decided_by.clone().unwrap_or_default());
-                            let approve = approval.status == ApprovalStatus::Approved;
-                            self.decide_step(approval.id, &approval.digest, approve, &person)
-                                .await?;
-                        }
+                        decided_steps.extend(decided);
                     }
                     _ => {}
                 }
+            }
+            drop(serialised);
+            for approval in decided_steps {
+                let person = Actor::User(approval.decided_by.clone().unwrap_or_default());
+                let approve = approval.status == ApprovalStatus::Approved;
+                self.decide_step(approval.id, &approval.digest, approve, &person)
+                    .await?;
             }
             let after = match self.store().run(run.id).await?.map(|r| r.status) {
                 Some(RunStatus::Committing) => {

@@ -36,6 +36,10 @@ pub enum StoreError {
     /// The approver saw another plan than the one stored now.
     #[error("the plan changed since it was shown: reload and review it again")]
     PlanChanged,
+    /// Another harness instance holds the run's lease (a call of its own is
+    /// in flight) and did not let go within the wait.
+    #[error("another harness instance is working on this run (waited {waited_ms} ms)")]
+    RunBusy { waited_ms: u64 },
     /// The request cannot be stored as asked (says why).
     #[error("{0}")]
     Invalid(String),
@@ -56,7 +60,8 @@ pub enum Backend {
 }
 
 /// Exclusive work on one run across every harness process sharing the
-/// database, until dropped.
+/// database, until dropped. Holds no connection: on PostgreSQL a lease in
+/// the run's row, renewed while held.
 pub trait RunClaim: Send + Sync {}
 
 /// A run claimed, and what a call reads first, read under the claim.
@@ -89,8 +94,9 @@ pub trait SagaStore: Send + Sync + 'static {
     fn backend(&self) -> Backend;
 
     /// Waits until no other process works on this run, then holds it until
-    /// the claim is dropped. (A SQLite file has one process by design, so
-    /// there the claim is free.)
+    /// the claim is dropped; `RunBusy` when another holds it past the
+    /// store's wait. (A SQLite file has one process by design, so there the
+    /// claim is free.)
     async fn claim_run(&self, run_id: Uuid) -> StoreResult<Box<dyn RunClaim>>;
     /// `claim_run`, then the run and its unsettled steps read under the
     /// claim: on PostgreSQL all three in one round trip.

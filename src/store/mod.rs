@@ -3,6 +3,7 @@
 //! database URL's scheme.
 
 pub mod group_commit;
+pub mod pooled_sessions;
 pub mod postgres;
 pub(crate) mod sql;
 pub mod sqlite;
@@ -12,6 +13,40 @@ use std::sync::Arc;
 
 /// The default database: a file in the working directory.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://saga-harness.db";
+
+/// How a store shares runs between harness instances (PostgreSQL only: a
+/// SQLite file has one harness by design).
+#[derive(Clone, Debug, clap::Args)]
+pub struct StoreSettings {
+    /// How long an instance owns a run it works on without renewing (it
+    /// renews every third of this while it works). After a crash, another
+    /// instance takes the run over once this has passed.
+    #[arg(long = "run-lease-ms", env = "SAGA_RUN_LEASE_MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(300..))]
+    pub run_lease_ms: u64,
+    /// How long a call waits for a run another instance is working on
+    /// before answering that the run is busy (409 `run_busy`).
+    #[arg(
+        long = "run-wait-ms",
+        env = "SAGA_RUN_WAIT_MS",
+        default_value_t = 10_000
+    )]
+    pub run_wait_ms: u64,
+    /// The PostgreSQL URL points at a transaction-pooling PgBouncer: keep no
+    /// prepared statement across transactions.
+    #[arg(long = "pg-transaction-pooler", env = "SAGA_PG_TRANSACTION_POOLER")]
+    pub pg_transaction_pooler: bool,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        StoreSettings {
+            run_lease_ms: 30_000,
+            run_wait_ms: 10_000,
+            pg_transaction_pooler: false,
+        }
+    }
+}
 
 /// An opened store, plus the pool the session store should use.
 pub enum Opened {
@@ -40,9 +75,14 @@ impl Opened {
 
 /// Opens the backend named by the URL's scheme and migrates it.
 pub async fn open(url: &str) -> StoreResult<Opened> {
+    open_with(url, &StoreSettings::default()).await
+}
+
+/// `open`, with the settings for sharing runs between instances.
+pub async fn open_with(url: &str, settings: &StoreSettings) -> StoreResult<Opened> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(Opened::Postgres(Arc::new(
-            postgres::PostgresStore::open(url).await?,
+            postgres::PostgresStore::open(url, settings).await?,
         )))
     } else if url.starts_with("sqlite:") {
         Ok(Opened::Sqlite(Arc::new(

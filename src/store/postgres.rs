@@ -1,39 +1,67 @@
 //! PostgreSQL, for when one machine is not enough: several harness
-//! instances share one database. Work on a run holds a session-level
-//! advisory lock on it for the whole call (`AdvisoryClaim`); a run's status
-//! moves also lock its row (`SELECT … FOR UPDATE`). Lazy outcome commits
-//! turn `synchronous_commit` off for their own transaction (DESIGN.md §9).
+//! instances share one database.
+//!
+//! Work on a run is serialised across instances by a lease in the run's row
+//! (`LeaseClaim`): a compare-and-set takes it, and no connection or lock is
+//! held while the call that needed it waits on its system. A holder renews
+//! its lease while it works; one that dies stops renewing, and once the
+//! lease is over another instance takes the run and reconciles whatever was
+//! in flight (R7). A run's status moves also lock its row (`SELECT … FOR
+//! UPDATE`) inside their own transaction. Lazy outcome commits turn
+//! `synchronous_commit` off for their own transaction (DESIGN.md §9).
+//!
+//! Behind a transaction-pooling PgBouncer (`StoreSettings::
+//! pg_transaction_pooler`) no prepared statement outlives its transaction:
+//! the statement cache is off and every statement runs inside an explicit
+//! transaction, so PgBouncer never hands its halves to two servers.
 
 use crate::saga::model::Durability;
 use crate::store::sql::saga_store_sql;
+use crate::store::StoreSettings;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{Acquire as _, PgConnection, PgPool, Postgres};
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Connections in the pool, and how many of them run claims may hold.
-/// A claim keeps its connection for a whole call. The call's step writes
-/// go down that connection, but its other reads and writes (a held step,
-/// a compensation, the dashboard's pages) take pool connections: were
-/// every connection a claim, those would wait for one forever (64
-/// concurrent runs on 32 connections did, before the cap).
+/// Connections in the pool. None is held across a tool call, so this bounds
+/// statements in progress, not calls in flight.
 const POOL_SIZE: u32 = 32;
-const MAX_CLAIMS: usize = POOL_SIZE as usize / 2;
+
+static KEEP_STATEMENTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 pub struct PostgresStore {
     pool: PgPool,
-    claims: Arc<tokio::sync::Semaphore>,
-    held: HeldRuns,
+    settings: StoreSettings,
+    /// Leases this store has let go of whose release may not have reached
+    /// the database yet, by run: the next claim of that run here may take
+    /// it over directly instead of waiting for the release.
+    released: Released,
+    /// When a statement last found its connection broken (milliseconds
+    /// since the epoch, 0 for never): connections opened before it are
+    /// discarded instead of lent out, so a server restart costs one failed
+    /// statement, which is retried, not one per pooled connection.
+    broken_at: Arc<AtomicI64>,
+}
+
+type Released = Arc<std::sync::Mutex<HashMap<uuid::Uuid, String>>>;
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
 }
 
 impl PostgresStore {
     /// Connects to `url` and applies the migrations.
-    pub async fn open(url: &str) -> StoreResult<Self> {
-        let options = PgConnectOptions::from_str(url)
+    pub async fn open(url: &str, settings: &StoreSettings) -> StoreResult<Self> {
+        let mut options = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::Invalid(format!("bad PostgreSQL URL: {e}")))?;
+        if settings.pg_transaction_pooler {
+            options = options.statement_cache_capacity(0);
+            KEEP_STATEMENTS.store(false, Ordering::Relaxed);
+        }
         let place = format!(
             "{}:{}/{}",
             options.get_host(),
@@ -48,267 +76,415 @@ impl PostgresStore {
                 StoreError::Database(format!("cannot reach PostgreSQL at {place}: {e}"))
             })?;
         probe.close().await.map_err(db)?;
+        let broken_at = Arc::new(AtomicI64::new(0));
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
             .acquire_timeout(Duration::from_secs(10))
+            // No liveness ping per statement: a broken connection is found
+            // by the statement that uses it (see `broken_at`).
+            .test_before_acquire(false)
+            .before_acquire({
+                let broken_at = broken_at.clone();
+                move |_conn, meta| {
+                    let broken = broken_at.load(Ordering::Acquire);
+                    let opened = now_ms() - meta.age.as_millis() as i64;
+                    Box::pin(async move { Ok(broken == 0 || opened > broken) })
+                }
+            })
             .connect_with(options)
             .await
             .map_err(|e| {
                 StoreError::Database(format!("cannot reach PostgreSQL at {place}: {e}"))
             })?;
-        sqlx::migrate!("./migrations/postgres")
-            .run(&pool)
-            .await
-            .map_err(|e| StoreError::Database(format!("migrating PostgreSQL at {place}: {e}")))?;
-        Ok(PostgresStore {
+        let store = PostgresStore {
             pool,
-            claims: Arc::new(tokio::sync::Semaphore::new(MAX_CLAIMS)),
-            held: HeldRuns::default(),
-        })
+            settings: settings.clone(),
+            released: Released::default(),
+            broken_at,
+        };
+        store.migrate().await.map_err(|e| match e {
+            StoreError::Database(e) => {
+                StoreError::Database(format!("migrating PostgreSQL at {place}: {e}"))
+            }
+            other => other,
+        })?;
+        Ok(store)
+    }
+
+    /// Applies the migrations. Behind a transaction pooler they are only
+    /// checked: the migrator keeps a session lock and reads outside a
+    /// transaction, which a pooler cannot carry, so they are applied with
+    /// `saga-harness migrate` against PostgreSQL itself.
+    async fn migrate(&self) -> StoreResult<()> {
+        let migrator = sqlx::migrate!("./migrations/postgres");
+        if !self.settings.pg_transaction_pooler {
+            return migrator
+                .run(&self.pool)
+                .await
+                .map_err(|e| StoreError::Database(e.to_string()));
+        }
+        let needed = migrator.iter().map(|m| m.version).max().unwrap_or(0);
+        let applied: Option<i64> = self
+            .simple_query("SELECT max(version) AS version FROM _sqlx_migrations WHERE success")
+            .await
+            .ok()
+            .and_then(|rows| {
+                rows.first()
+                    .and_then(|r| sqlx::Row::try_get(r, "version").ok())
+            });
+        match applied {
+            Some(version) if version >= needed => Ok(()),
+            applied => Err(StoreError::Invalid(format!(
+                "the database behind the transaction pooler is at migration {}, and this harness \
+                 needs {needed}: run `saga-harness migrate` with DATABASE_URL naming PostgreSQL \
+                 itself (not the pooler), then start again",
+                applied.map_or("none".to_owned(), |v| v.to_string())
+            ))),
+        }
+    }
+
+    /// Whether statements stay prepared on their connection: not behind a
+    /// transaction pooler, which may give the next transaction another
+    /// server. (Process-wide: one pooled store in a process makes every
+    /// PostgreSQL store send its statements unnamed, which is slower but
+    /// right everywhere.)
+    fn keeps_statements() -> bool {
+        KEEP_STATEMENTS.load(Ordering::Relaxed)
+    }
+
+    /// Whether the URL names a transaction pooler (see `StoreSettings`).
+    pub fn behind_pooler(&self) -> bool {
+        self.settings.pg_transaction_pooler
     }
 
     pub fn session_pool(&self) -> PgPool {
         self.pool.clone()
     }
 
-    fn reader(&self) -> &PgPool {
-        &self.pool
+    /// A connection for reads (see `Session`).
+    async fn read_conn(&self) -> StoreResult<Session> {
+        self.session().await
     }
 
     async fn write(&self, _durability: Durability) -> StoreResult<PoolConnection<Postgres>> {
         self.pool.acquire().await.map_err(db)
     }
 
+    /// A connection for statements outside the caller's own transaction:
+    /// plain, or behind a transaction pooler inside one (`Session::finish`
+    /// commits it).
+    async fn session(&self) -> StoreResult<Session> {
+        let conn = self.pool.acquire().await.map_err(db)?;
+        if !self.settings.pg_transaction_pooler {
+            return Ok(Session::Plain(conn));
+        }
+        let tx = sqlx::Transaction::begin(conn, None).await.map_err(db)?;
+        Ok(Session::Pooled(tx))
+    }
+
     /// Lets this transaction's commit return before its WAL is flushed; the
     /// next durable commit flushes it (the WAL is written in order).
     async fn lazy_commit(tx: &mut PgConnection, durability: Durability) -> StoreResult<()> {
         if durability == Durability::Lazy {
-            sqlx::query("SET LOCAL synchronous_commit = off")
+            query("SET LOCAL synchronous_commit = off")
                 .execute(tx)
                 .await
                 .map_err(db)?;
         }
         Ok(())
     }
+
+    /// Whether `err` says the connection itself broke (the server
+    /// restarted, the network dropped): the statement may be sent again on
+    /// a fresh connection, and older pooled connections are suspect.
+    fn broke(&self, err: &sqlx::Error) -> bool {
+        let broke = matches!(err, sqlx::Error::Io(_) | sqlx::Error::Protocol(_))
+            || matches!(err, sqlx::Error::Database(e)
+                if e.code().is_some_and(|c| c.starts_with("57P") || c.starts_with("08")));
+        if broke {
+            self.broken_at.store(now_ms(), Ordering::Release);
+        }
+        broke
+    }
 }
 
-/// A claimed run's connection, shared between the claim and the store's
-/// writes for that run while the claim is held.
-type ClaimConn = Arc<tokio::sync::Mutex<PoolConnection<Postgres>>>;
-
-/// The connections of the runs this store has claimed, by run.
-type HeldRuns = Arc<std::sync::Mutex<HashMap<uuid::Uuid, ClaimConn>>>;
-
-/// A slot and a connection on their way to holding a run's lock. Dropped
-/// before the lock is confirmed (the caller gave up while waiting), the
-/// connection is closed: it may still get the lock, and closing the
-/// session is what releases it.
-struct PendingClaim {
-    conn: Option<PoolConnection<Postgres>>,
-    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+/// Where statements outside a caller's transaction go: a pooled connection,
+/// or behind a transaction pooler a transaction of their own.
+enum Session {
+    Plain(PoolConnection<Postgres>),
+    Pooled(sqlx::Transaction<'static, Postgres>),
 }
 
-impl Drop for PendingClaim {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.as_mut() {
-            conn.close_on_drop();
+impl Session {
+    /// Commits what a pooled session wrote.
+    async fn finish(self) -> Result<(), sqlx::Error> {
+        match self {
+            Session::Plain(_) => Ok(()),
+            Session::Pooled(tx) => tx.commit().await,
         }
     }
 }
 
-/// A connection holding the session-level advisory lock of one run. While
-/// it is held, the store's writes for that run go down this connection
-/// (no pool hand-off per statement). The lock is released off the caller's
-/// path when the claim is dropped: a spawned task waits for any write still
-/// on the connection, unlocks and returns the connection. Whenever the
-/// lock's state is in doubt (the unlock failed, no runtime to unlock on)
-/// the connection is closed instead, and closing the session releases it.
-pub struct AdvisoryClaim {
-    conn: ClaimConn,
-    run_id: uuid::Uuid,
-    slot: Option<tokio::sync::OwnedSemaphorePermit>,
-    held: HeldRuns,
-}
-impl crate::saga::store::RunClaim for AdvisoryClaim {}
-
-const LOCK_RUN: &str = "SELECT pg_advisory_lock(hashtext('saga-run'), hashtext($1))";
-const UNLOCK_RUN: &str = "SELECT pg_advisory_unlock(hashtext('saga-run'), hashtext($1))";
-
-impl Drop for AdvisoryClaim {
-    fn drop(&mut self) {
-        {
-            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-            if held
-                .get(&self.run_id)
-                .is_some_and(|c| Arc::ptr_eq(c, &self.conn))
-            {
-                held.remove(&self.run_id);
-            }
+impl std::ops::Deref for Session {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        match self {
+            Session::Plain(conn) => conn,
+            Session::Pooled(tx) => tx,
         }
-        let conn = self.conn.clone();
+    }
+}
+
+impl std::ops::DerefMut for Session {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match self {
+            Session::Plain(conn) => conn,
+            Session::Pooled(tx) => tx,
+        }
+    }
+}
+
+/// A run's lease, held by this store until dropped. A task renews it every
+/// third of its length while held; dropping it stops the renewal and
+/// releases the lease off the caller's path.
+pub struct LeaseClaim {
+    run_id: uuid::Uuid,
+    token: String,
+    pool: PgPool,
+    released: Released,
+    renewal: tokio::task::JoinHandle<()>,
+}
+impl crate::saga::store::RunClaim for LeaseClaim {}
+
+impl Drop for LeaseClaim {
+    fn drop(&mut self) {
+        self.renewal.abort();
+        self.released
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(self.run_id, self.token.clone());
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            if let Ok(mut conn) = conn.try_lock() {
-                conn.close_on_drop();
-            }
+            // No runtime to release on: the lease runs out on its own.
             return;
         };
-        let run_id = self.run_id.to_string();
-        let slot = self.slot.take();
+        let (run_id, token) = (self.run_id, self.token.clone());
+        let (pool, released) = (self.pool.clone(), self.released.clone());
         runtime.spawn(async move {
-            let mut conn = conn.lock().await;
-            let unlocked: Result<bool, _> = sqlx::query_scalar(UNLOCK_RUN)
-                .bind(run_id)
-                .fetch_one(&mut **conn)
-                .await;
-            if !matches!(unlocked, Ok(true)) {
-                conn.close_on_drop();
+            let sql = format!(
+                "UPDATE runs SET lease_owner = NULL, lease_until = NULL \
+                 WHERE id = '{run_id}' AND lease_owner = '{token}'"
+            );
+            if let Err(err) = sqlx::raw_sql(&sql).execute(&pool).await {
+                tracing::warn!(%run_id, %err, "a run's lease was not released; it runs out on its own");
             }
-            drop(conn);
-            drop(slot);
+            let mut released = released.lock().unwrap_or_else(|p| p.into_inner());
+            if released.get(&run_id) == Some(&token) {
+                released.remove(&run_id);
+            }
         });
     }
 }
 
-/// Where a write for one run goes: down the run's claim when this store
-/// holds it, else a connection from the pool.
-enum RunConn {
-    Claimed(tokio::sync::OwnedMutexGuard<PoolConnection<Postgres>>),
-    Pooled(PoolConnection<Postgres>),
+/// A lease asked for and not yet confirmed: dropped before then (the
+/// caller gave up while the claim was on its way), whatever it may have
+/// taken is released.
+struct PendingLease {
+    run_id: uuid::Uuid,
+    token: String,
+    pool: Option<PgPool>,
 }
 
-impl std::ops::Deref for RunConn {
-    type Target = PgConnection;
-    fn deref(&self) -> &PgConnection {
-        match self {
-            RunConn::Claimed(conn) => conn,
-            RunConn::Pooled(conn) => conn,
-        }
+impl Drop for PendingLease {
+    fn drop(&mut self) {
+        let (Some(pool), Ok(runtime)) = (self.pool.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let sql = format!(
+            "UPDATE runs SET lease_owner = NULL, lease_until = NULL \
+             WHERE id = '{}' AND lease_owner = '{}'",
+            self.run_id, self.token
+        );
+        runtime.spawn(async move {
+            let _ = sqlx::raw_sql(&sql).execute(&pool).await;
+        });
     }
 }
 
-impl std::ops::DerefMut for RunConn {
-    fn deref_mut(&mut self) -> &mut PgConnection {
-        match self {
-            RunConn::Claimed(conn) => conn,
-            RunConn::Pooled(conn) => conn,
-        }
-    }
-}
+/// A claim on a run that does not exist: nothing to serialise.
+struct NoRun;
+impl crate::saga::store::RunClaim for NoRun {}
 
 impl PostgresStore {
-    /// A claim slot and a connection, not yet locked.
-    async fn pending_claim(&self) -> StoreResult<PendingClaim> {
-        let slot = self
-            .claims
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| StoreError::Database("the store is closing".into()))?;
-        let conn = self.pool.acquire().await.map_err(db)?;
-        Ok(PendingClaim {
-            conn: Some(conn),
-            slot: Some(slot),
-        })
-    }
-
-    /// The pending claim's lock is confirmed: the claim is registered so
-    /// that this run's writes use its connection.
-    fn locked_claim(
-        &self,
-        run_id: uuid::Uuid,
-        mut pending: PendingClaim,
-    ) -> StoreResult<AdvisoryClaim> {
-        let conn = pending
-            .conn
-            .take()
-            .map(|c| Arc::new(tokio::sync::Mutex::new(c)))
-            .ok_or_else(|| StoreError::Database("a run claim lost its connection".into()))?;
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(run_id, conn.clone());
-        Ok(AdvisoryClaim {
-            conn,
-            run_id,
-            slot: pending.slot.take(),
-            held: self.held.clone(),
-        })
-    }
-
-    /// The connection for a write to `run_id` (see `RunConn`).
-    async fn run_conn(&self, run_id: uuid::Uuid) -> StoreResult<RunConn> {
-        let claimed = self
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&run_id)
-            .cloned();
-        match claimed {
-            Some(conn) => Ok(RunConn::Claimed(conn.lock_owned().await)),
-            None => Ok(RunConn::Pooled(self.pool.acquire().await.map_err(db)?)),
-        }
-    }
-
     async fn claim(
         &self,
         run_id: uuid::Uuid,
     ) -> StoreResult<Box<dyn crate::saga::store::RunClaim>> {
-        let mut pending = self.pending_claim().await?;
-        if let Some(conn) = pending.conn.as_mut() {
-            sqlx::query(LOCK_RUN)
-                .bind(run_id.to_string())
-                .execute(&mut **conn)
-                .await
-                .map_err(db)?;
-        }
-        Ok(Box::new(self.locked_claim(run_id, pending)?))
+        Ok(self.claim_and_read_here(run_id).await?.claim)
     }
 
-    /// The claim, the run and its unsettled steps in one round trip: three
-    /// statements sent as one simple query. Each statement takes its own
-    /// snapshot after the one before it finished, so the reads see every
-    /// commit made by the claim's previous holder. (A single statement that
-    /// locked and read would read from a snapshot taken before the wait.)
-    /// The run id is the only value in the text, as a UUID's hex digits.
+    /// Takes the run's lease and reads the run, its unsettled steps and its
+    /// steps owed to the agent, in one round trip: four statements sent as
+    /// one simple query (no prepared statement, so a transaction pooler
+    /// keeps them together). Each statement takes its own snapshot after
+    /// the one before it, so the reads see every commit of the lease's
+    /// previous holder. The values in the text are a UUID, a hex token and
+    /// a number, all made here.
+    ///
+    /// A lease held by another holder is waited for (polling, backing off)
+    /// up to `run_wait`, then refused as `RunBusy`.
     async fn claim_and_read_here(
         &self,
         run_id: uuid::Uuid,
     ) -> StoreResult<crate::saga::store::ClaimedRun> {
-        use futures::TryStreamExt as _;
-        let mut pending = self.pending_claim().await?;
         let id = run_id.hyphenated().to_string();
-        let batch = format!(
-            "SELECT pg_advisory_lock(hashtext('saga-run'), hashtext('{id}'));
-             SELECT * FROM runs WHERE id = '{id}';
-             SELECT * FROM saga_log WHERE run_id = '{id}' AND status IN {unsettled} ORDER BY step_idx;
-             SELECT * FROM saga_log WHERE run_id = '{id}' AND owed_to_agent AND status NOT IN {unsettled}",
-            unsettled = crate::store::sql::unsettled_sql!()
-        );
-        let rows = match pending.conn.as_mut() {
-            Some(conn) => sqlx::raw_sql(&batch)
-                .fetch(&mut **conn)
+        let lease_ms = self.settings.run_lease_ms;
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(self.settings.run_wait_ms);
+        let mut pause = Duration::from_millis(2);
+        loop {
+            let token = uuid::Uuid::new_v4().simple().to_string();
+            let handover = self
+                .released
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&run_id)
+                .map(|t| format!(" OR lease_owner = '{t}'"))
+                .unwrap_or_default();
+            let batch = format!(
+                "UPDATE runs SET lease_owner = '{token}',
+                     lease_until = clock_timestamp() + interval '{lease_ms} milliseconds'
+                 WHERE id = '{id}' AND (lease_owner IS NULL OR lease_until < clock_timestamp(){handover})
+                 RETURNING lease_owner AS leased_to;
+                 SELECT * FROM runs WHERE id = '{id}';
+                 SELECT * FROM saga_log WHERE run_id = '{id}' AND status IN {unsettled} ORDER BY step_idx;
+                 SELECT * FROM saga_log WHERE run_id = '{id}' AND owed_to_agent AND status NOT IN {unsettled}",
+                unsettled = crate::store::sql::unsettled_sql!()
+            );
+            let mut pending = PendingLease {
+                run_id,
+                token: token.clone(),
+                pool: Some(self.pool.clone()),
+            };
+            let rows = self.simple_query(&batch).await?;
+            let leased = rows.iter().any(|row| row.try_column("leased_to").is_ok());
+            let read = run_and_unsettled(&rows)?;
+            if leased {
+                pending.pool = None;
+                return Ok(crate::saga::store::ClaimedRun {
+                    claim: Box::new(self.lease_claim(run_id, token)),
+                    read,
+                });
+            }
+            pending.pool = None;
+            if read.run.is_none() {
+                return Ok(crate::saga::store::ClaimedRun {
+                    claim: Box::new(NoRun),
+                    read,
+                });
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(StoreError::RunBusy {
+                    waited_ms: self.settings.run_wait_ms,
+                });
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
+    }
+
+    /// Statements without parameters, sent as one simple query; sent again
+    /// once on a fresh connection when the first one found its connection
+    /// broken.
+    async fn simple_query(&self, sql: &str) -> StoreResult<Vec<sqlx::postgres::PgRow>> {
+        use futures::TryStreamExt as _;
+        match sqlx::raw_sql(sql).fetch(&self.pool).try_collect().await {
+            Err(err) if self.broke(&err) => sqlx::raw_sql(sql)
+                .fetch(&self.pool)
                 .try_collect()
                 .await
-                .map_err(db)?,
-            None => Vec::new(),
-        };
-        let claim = self.locked_claim(run_id, pending)?;
-        let read = run_and_unsettled(&rows)?;
-        Ok(crate::saga::store::ClaimedRun {
-            claim: Box::new(claim),
-            read,
-        })
+                .map_err(db),
+            other => other.map_err(db),
+        }
+    }
+
+    /// A confirmed lease, renewed while held.
+    fn lease_claim(&self, run_id: uuid::Uuid, token: String) -> LeaseClaim {
+        let lease_ms = self.settings.run_lease_ms;
+        let renewal = tokio::spawn({
+            let pool = self.pool.clone();
+            let sql = format!(
+                "UPDATE runs SET lease_until = clock_timestamp() + interval '{lease_ms} milliseconds' \
+                 WHERE id = '{run_id}' AND lease_owner = '{token}'"
+            );
+            async move {
+                let every = Duration::from_millis(lease_ms / 3);
+                loop {
+                    tokio::time::sleep(every).await;
+                    match sqlx::raw_sql(&sql).execute(&pool).await {
+                        Ok(done) if done.rows_affected() == 1 => {}
+                        Ok(_) => {
+                            // Another instance took the run after the lease
+                            // ran out: this holder's outcome writes are
+                            // compare-and-sets and lose to whatever it did.
+                            tracing::warn!(%run_id, "a run's lease was lost while held");
+                            return;
+                        }
+                        Err(err) => tracing::warn!(%run_id, %err, "a run's lease was not renewed"),
+                    }
+                }
+            }
+        });
+        LeaseClaim {
+            run_id,
+            token,
+            pool: self.pool.clone(),
+            released: self.released.clone(),
+            renewal,
+        }
     }
 
     /// The intent row in one statement (one round trip, one commit): the
     /// guarded counter update, the row and its audit line. When the run's
     /// counter does not match nothing is written, and a second query says
-    /// why.
+    /// why. A statement that found its connection broken is sent once more;
+    /// if the first one had landed, the second finds the step it wrote.
     async fn record_step_alone(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
         check_new_step(&new)?;
-        let mut conn = self.run_conn(new.run_id).await?;
+        let taken = || format!("idempotency key {}", new.idempotency_key);
+        match self.try_record_step(&new, actor).await {
+            Ok(result) => result,
+            Err(err) if self.broke(&err) => {
+                match self
+                    .try_record_step(&new, actor)
+                    .await
+                    .map_err(|e| db_error(e, taken))?
+                {
+                    Err(StoreError::StepExists { step_idx }) => {
+                        match self.step(new.run_id, step_idx).await? {
+                            Some(step) if step.idempotency_key == new.idempotency_key => Ok(step),
+                            _ => Err(StoreError::StepExists { step_idx }),
+                        }
+                    }
+                    other => other,
+                }
+            }
+            Err(err) => Err(db_error(err, taken)),
+        }
+    }
+
+    /// One attempt at `record_step_alone`; `Err` is the driver's error.
+    async fn try_record_step(
+        &self,
+        new: &NewStep,
+        actor: &Actor,
+    ) -> Result<StoreResult<Step>, sqlx::Error> {
+        let mut conn = match self.session().await {
+            Ok(conn) => conn,
+            Err(err) => return Ok(Err(err)),
+        };
         let now = Utc::now();
-        let query = sqlx::query(concat!(
+        let statement = query(concat!(
             "WITH advanced AS (
                 UPDATE runs SET next_step = next_step + 1,
                     irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11
@@ -324,23 +500,26 @@ impl PostgresStore {
              )
              SELECT * FROM inserted"
         ));
-        let row = bind_new_step(query, &new, now)
-            .bind(i64::from(counts_as_irreversible(&new)))
+        let row = bind_new_step(statement, new, now)
+            .bind(i64::from(counts_as_irreversible(new)))
             .bind(actor.to_string())
-            .bind(step_event_detail(&new))
+            .bind(step_event_detail(new))
             .fetch_optional(&mut *conn)
-            .await
-            .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
-        match row {
+            .await?;
+        let result = match row {
             Some(row) => step_from(&row),
             None => Err(why_step_refused(&mut conn, new.run_id, new.step_idx).await),
-        }
+        };
+        conn.finish().await?;
+        Ok(result)
     }
 
     /// An outcome in one statement: the compare-and-set, its audit line,
     /// and for a lazy commit `synchronous_commit = off` for this statement's
     /// own transaction only. (`settle_step` sends a held step released by
-    /// a person down the general path instead.)
+    /// a person down the general path instead.) Sent once more when it
+    /// found its connection broken; if the first had landed, the second
+    /// finds the step already moved to this outcome.
     async fn settle_step_alone(
         &self,
         run_id: uuid::Uuid,
@@ -349,10 +528,44 @@ impl PostgresStore {
         durability: Durability,
         actor: &Actor,
     ) -> StoreResult<Step> {
-        let mut conn = self.run_conn(run_id).await?;
+        match self
+            .try_settle_step(run_id, step_idx, &outcome, durability, actor)
+            .await
+        {
+            Ok(result) => result,
+            Err(err) if self.broke(&err) => {
+                let again = self
+                    .try_settle_step(run_id, step_idx, &outcome, durability, actor)
+                    .await
+                    .map_err(db)?;
+                match again {
+                    Err(StoreError::Stale { .. }) => match self.step(run_id, step_idx).await? {
+                        Some(step) if step.status == outcome.to => Ok(step),
+                        _ => again,
+                    },
+                    other => other,
+                }
+            }
+            Err(err) => Err(db(err)),
+        }
+    }
+
+    /// One attempt at `settle_step_alone`; `Err` is the driver's error.
+    async fn try_settle_step(
+        &self,
+        run_id: uuid::Uuid,
+        step_idx: i64,
+        outcome: &Outcome,
+        durability: Durability,
+        actor: &Actor,
+    ) -> Result<StoreResult<Step>, sqlx::Error> {
+        let mut conn = match self.session().await {
+            Ok(conn) => conn,
+            Err(err) => return Ok(Err(err)),
+        };
         // A durable commit keeps whatever the server is set to.
         let commit_mode = (durability == Durability::Lazy).then_some("off");
-        let query = sqlx::query(concat!(
+        let statement = query(concat!(
             "WITH commit_mode AS (
                 SELECT set_config('synchronous_commit',
                     COALESCE($9, current_setting('synchronous_commit')), true) AS mode
@@ -368,17 +581,18 @@ impl PostgresStore {
              )
              SELECT * FROM settled"
         ));
-        let row = bind_outcome(query, &outcome, Utc::now(), run_id, step_idx)
+        let row = bind_outcome(statement, outcome, Utc::now(), run_id, step_idx)
             .bind(commit_mode)
             .bind(actor.to_string())
-            .bind(settle_event_detail(&outcome))
+            .bind(settle_event_detail(outcome))
             .fetch_optional(&mut *conn)
-            .await
-            .map_err(db)?;
-        match row {
+            .await?;
+        let result = match row {
             Some(row) => step_from(&row),
             None => Err(step_not_settled(&mut conn, run_id, step_idx, outcome.from).await),
-        }
+        };
+        conn.finish().await?;
+        Ok(result)
     }
 }
 

@@ -8,7 +8,8 @@
 //!   a connection ready for a write transaction at that durability;
 //! - `async fn lazy_commit(tx: &mut Db::Connection, Durability)`: what the
 //!   backend does inside the transaction for a lazy outcome commit;
-//! - `fn reader(&self) -> &Pool<Db>`.
+//! - `async fn read_conn(&self) -> StoreResult<impl DerefMut<Target = Db::Connection>>`:
+//!   a connection for reads.
 
 use crate::saga::model::Actor;
 use crate::saga::store::StoreError;
@@ -157,6 +158,20 @@ macro_rules! saga_store_sql {
 
         type DbRow = <$Db as sqlx::Database>::Row;
         type DbConn = <$Db as sqlx::Database>::Connection;
+        type DbArgs<'q> = <$Db as sqlx::Database>::Arguments<'q>;
+
+        /// A statement, kept prepared on its connection unless the backend
+        /// says a pooler would hand it to another server.
+        fn query(sql: &str) -> sqlx::query::Query<'_, $Db, DbArgs<'_>> {
+            sqlx::query(sql).persistent($Store::keeps_statements())
+        }
+
+        fn query_scalar<O>(sql: &str) -> sqlx::query::QueryScalar<'_, $Db, O, DbArgs<'_>>
+        where
+            (O,): for<'r> sqlx::FromRow<'r, DbRow>,
+        {
+            sqlx::query_scalar(sql).persistent($Store::keeps_statements())
+        }
 
         fn text(row: &DbRow, column: &str) -> StoreResult<String> {
             row.try_get::<String, _>(column).map_err(|e| corrupt(column, e))
@@ -377,7 +392,7 @@ macro_rules! saga_store_sql {
         }
 
         async fn append_event(conn: &mut DbConn, line: EventLine<'_>) -> StoreResult<()> {
-            sqlx::query(
+            query(
                 "INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             )
@@ -398,7 +413,7 @@ macro_rules! saga_store_sql {
         /// Reads a run's row, locked for the rest of the transaction where
         /// the backend has row locks (per-run serialisation across processes).
         async fn lock_run(conn: &mut DbConn, id: Uuid) -> StoreResult<Run> {
-            let row = sqlx::query(concat!("SELECT * FROM runs WHERE id = $1", $for_update))
+            let row = query(concat!("SELECT * FROM runs WHERE id = $1", $for_update))
                 .bind(id.to_string())
                 .fetch_optional(&mut *conn)
                 .await
@@ -431,7 +446,7 @@ macro_rules! saga_store_sql {
                 None
             };
             let now = Utc::now();
-            let row = sqlx::query(
+            let row = query(
                 "UPDATE runs SET status = $1, resume_to = $2, updated_at = $3 WHERE id = $4 RETURNING *",
             )
             .bind(to.as_str())
@@ -468,7 +483,7 @@ macro_rules! saga_store_sql {
             step_idx: i64,
             expected: StepStatus,
         ) -> StoreError {
-            let found = sqlx::query(sql)
+            let found = query(sql)
                 .bind(run_id.to_string())
                 .bind(step_idx)
                 .fetch_optional(&mut *conn)
@@ -515,7 +530,7 @@ macro_rules! saga_store_sql {
         /// Why a run did not take a new step at `step_idx`: it is missing,
         /// the index is taken, or it skips ahead.
         async fn why_step_refused(conn: &mut DbConn, run_id: Uuid, step_idx: i64) -> StoreError {
-            let found = sqlx::query("SELECT next_step FROM runs WHERE id = $1")
+            let found = query("SELECT next_step FROM runs WHERE id = $1")
                 .bind(run_id.to_string())
                 .fetch_optional(&mut *conn)
                 .await;
@@ -536,7 +551,7 @@ macro_rules! saga_store_sql {
         async fn insert_step(conn: &mut DbConn, new: NewStep, actor: &Actor) -> StoreResult<Step> {
             check_new_step(&new)?;
             let now = Utc::now();
-            let advanced = sqlx::query(
+            let advanced = query(
                 "UPDATE runs SET next_step = next_step + 1,
                     irreversible_before_pivot = irreversible_before_pivot + $1, updated_at = $2
                  WHERE id = $3 AND next_step = $4",
@@ -552,7 +567,7 @@ macro_rules! saga_store_sql {
                 return Err(why_step_refused(conn, new.run_id, new.step_idx).await);
             }
             let row = bind_new_step(
-                sqlx::query(concat!($crate::store::sql::new_step_insert!(), " RETURNING *")),
+                query(concat!($crate::store::sql::new_step_insert!(), " RETURNING *")),
                 &new,
                 now,
             )
@@ -645,7 +660,7 @@ macro_rules! saga_store_sql {
                 lock_run(&mut *conn, new.run_id).await?;
                 let now = Utc::now();
                 if new.kind == ApprovalKind::Pivot {
-                    let superseded = sqlx::query(
+                    let superseded = query(
                         "UPDATE approvals SET status = $1 WHERE run_id = $2 AND kind = 'pivot' AND status = $3 RETURNING id",
                     )
                     .bind(ApprovalStatus::Superseded.as_str())
@@ -671,7 +686,7 @@ macro_rules! saga_store_sql {
                         .await?;
                     }
                 }
-                let row = sqlx::query(
+                let row = query(
                     "INSERT INTO approvals (run_id, kind, step_idx, summary, plan, digest, status, expires_at, created_at)
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
                      RETURNING *",
@@ -690,7 +705,7 @@ macro_rules! saga_store_sql {
                 .map_err(db)?;
                 let approval = approval_from(&row)?;
                 if new.kind == ApprovalKind::Pivot {
-                    sqlx::query("UPDATE runs SET pivot_approval_id = $1, updated_at = $2 WHERE id = $3")
+                    query("UPDATE runs SET pivot_approval_id = $1, updated_at = $2 WHERE id = $3")
                         .bind(approval.id)
                         .bind(now)
                         .bind(new.run_id.to_string())
@@ -735,14 +750,14 @@ macro_rules! saga_store_sql {
             if approves_individually(&outcome) && step.tool_class == ToolClass::Irreversible
                 && step.phase == Phase::BeforePivot
             {
-                sqlx::query("UPDATE saga_log SET approved_individually = $1 WHERE run_id = $2 AND step_idx = $3")
+                query("UPDATE saga_log SET approved_individually = $1 WHERE run_id = $2 AND step_idx = $3")
                     .bind(true)
                     .bind(run_id.to_string())
                     .bind(step_idx)
                     .execute(&mut *conn)
                     .await
                     .map_err(db)?;
-                sqlx::query("UPDATE runs SET irreversible_before_pivot = irreversible_before_pivot + 1 WHERE id = $1")
+                query("UPDATE runs SET irreversible_before_pivot = irreversible_before_pivot + 1 WHERE id = $1")
                     .bind(run_id.to_string())
                     .execute(&mut *conn)
                     .await
@@ -792,7 +807,7 @@ macro_rules! saga_store_sql {
             run_id: Uuid,
             step_idx: i64,
         ) -> StoreResult<DbRow> {
-            let found = bind_outcome(sqlx::query(kind.cas()), outcome, at, run_id, step_idx)
+            let found = bind_outcome(query(kind.cas()), outcome, at, run_id, step_idx)
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(db)?;
@@ -849,7 +864,7 @@ macro_rules! saga_store_sql {
                 let mut tx = conn.begin().await.map_err(db)?;
                 let id = Uuid::new_v4();
                 let now = Utc::now();
-                let inserted = sqlx::query(
+                let inserted = query(
                     "INSERT INTO runs (id, agent, label, purpose, status, next_step, irreversible_before_pivot, created_at, updated_at)
                      VALUES ($1, $2, $3, $4, $5, 0, 0, $6, $6)
                      ON CONFLICT (agent, label) DO NOTHING",
@@ -880,12 +895,12 @@ macro_rules! saga_store_sql {
                         },
                     )
                     .await?;
-                    sqlx::query("SELECT * FROM runs WHERE id = $1")
+                    query("SELECT * FROM runs WHERE id = $1")
                         .bind(id.to_string())
                         .fetch_one(&mut *tx)
                         .await
                 } else {
-                    sqlx::query("SELECT * FROM runs WHERE agent = $1 AND label = $2")
+                    query("SELECT * FROM runs WHERE agent = $1 AND label = $2")
                         .bind(&new.agent)
                         .bind(&new.label)
                         .fetch_one(&mut *tx)
@@ -897,9 +912,9 @@ macro_rules! saga_store_sql {
             }
 
             async fn run(&self, id: Uuid) -> StoreResult<Option<Run>> {
-                sqlx::query("SELECT * FROM runs WHERE id = $1")
+                query("SELECT * FROM runs WHERE id = $1")
                     .bind(id.to_string())
-                    .fetch_optional(self.reader())
+                    .fetch_optional(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .as_ref()
@@ -908,9 +923,9 @@ macro_rules! saga_store_sql {
             }
 
             async fn list_runs(&self, limit: i64) -> StoreResult<Vec<Run>> {
-                sqlx::query("SELECT * FROM runs ORDER BY created_at DESC, id LIMIT $1")
+                query("SELECT * FROM runs ORDER BY created_at DESC, id LIMIT $1")
                     .bind(limit)
-                    .fetch_all(self.reader())
+                    .fetch_all(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .iter()
@@ -926,7 +941,7 @@ macro_rules! saga_store_sql {
             ) -> StoreResult<RunsPage> {
                 // '' matches every status: one statement for both backends.
                 let wanted = status.map(|s| s.as_str()).unwrap_or("");
-                let rows = sqlx::query(
+                let rows = query(
                     "SELECT runs.*, CAST(CASE
                          WHEN runs.status = 'AWAITING_APPROVAL' OR EXISTS (
                              SELECT 1 FROM approvals
@@ -942,7 +957,7 @@ macro_rules! saga_store_sql {
                 .bind(wanted)
                 .bind(limit)
                 .bind(offset)
-                .fetch_all(self.reader())
+                .fetch_all(&mut *self.read_conn().await?)
                 .await
                 .map_err(db)?;
                 let mut runs = Vec::with_capacity(rows.len());
@@ -950,11 +965,11 @@ macro_rules! saga_store_sql {
                     let rank: i64 = row.try_get("waiting_rank").map_err(|e| corrupt("waiting_rank", e))?;
                     runs.push((run_from(row)?, rank == 0));
                 }
-                let total: i64 = sqlx::query_scalar(
+                let total: i64 = query_scalar(
                     "SELECT COUNT(*) FROM runs WHERE ($1 = '' OR status = $1)",
                 )
                 .bind(wanted)
-                .fetch_one(self.reader())
+                .fetch_one(&mut *self.read_conn().await?)
                 .await
                 .map_err(db)?;
                 Ok(RunsPage { runs, total })
@@ -976,8 +991,8 @@ macro_rules! saga_store_sql {
                      ORDER BY s.run_id, s.step_idx",
                     placeholders(2, statuses.len())
                 );
-                bind_statuses(sqlx::query(&sql).bind(before), statuses)
-                    .fetch_all(self.reader())
+                bind_statuses(query(&sql).bind(before), statuses)
+                    .fetch_all(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .iter()
@@ -994,8 +1009,8 @@ macro_rules! saga_store_sql {
                     "SELECT * FROM runs WHERE status IN ({}) ORDER BY created_at, id",
                     placeholders(1, statuses.len())
                 );
-                bind_statuses(sqlx::query(&sql), statuses)
-                    .fetch_all(self.reader())
+                bind_statuses(query(&sql), statuses)
+                    .fetch_all(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .iter()
@@ -1059,10 +1074,10 @@ macro_rules! saga_store_sql {
             }
 
             async fn step(&self, run_id: Uuid, step_idx: i64) -> StoreResult<Option<Step>> {
-                sqlx::query("SELECT * FROM saga_log WHERE run_id = $1 AND step_idx = $2")
+                query("SELECT * FROM saga_log WHERE run_id = $1 AND step_idx = $2")
                     .bind(run_id.to_string())
                     .bind(step_idx)
-                    .fetch_optional(self.reader())
+                    .fetch_optional(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .as_ref()
@@ -1071,9 +1086,9 @@ macro_rules! saga_store_sql {
             }
 
             async fn steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
-                sqlx::query("SELECT * FROM saga_log WHERE run_id = $1 ORDER BY step_idx")
+                query("SELECT * FROM saga_log WHERE run_id = $1 ORDER BY step_idx")
                     .bind(run_id.to_string())
-                    .fetch_all(self.reader())
+                    .fetch_all(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .iter()
@@ -1084,13 +1099,13 @@ macro_rules! saga_store_sql {
             async fn unsettled_steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
                 // The same condition as the partial index saga_log_open_by_run
                 // (migration 0002), word for word, so both backends use it.
-                sqlx::query(concat!(
+                query(concat!(
                     "SELECT * FROM saga_log WHERE run_id = $1 AND status IN ",
                     $crate::store::sql::unsettled_sql!(),
                     " ORDER BY step_idx"
                 ))
                 .bind(run_id.to_string())
-                .fetch_all(self.reader())
+                .fetch_all(&mut *self.read_conn().await?)
                 .await
                 .map_err(db)?
                 .iter()
@@ -1099,9 +1114,9 @@ macro_rules! saga_store_sql {
             }
 
             async fn step_by_key(&self, idempotency_key: &str) -> StoreResult<Option<Step>> {
-                sqlx::query("SELECT * FROM saga_log WHERE idempotency_key = $1")
+                query("SELECT * FROM saga_log WHERE idempotency_key = $1")
                     .bind(idempotency_key)
-                    .fetch_optional(self.reader())
+                    .fetch_optional(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .as_ref()
@@ -1115,7 +1130,7 @@ macro_rules! saga_store_sql {
                 let mut conn = self.write(Durability::Lazy).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
                 Self::lazy_commit(&mut tx, Durability::Lazy).await?;
-                let changed = sqlx::query(
+                let changed = query(
                     "UPDATE saga_log SET owed_to_agent = $1 WHERE run_id = $2 AND step_idx = $3",
                 )
                 .bind(owed)
@@ -1135,8 +1150,9 @@ macro_rules! saga_store_sql {
 
             async fn note(&self, run_id: Uuid, actor: &Actor, detail: &str) -> StoreResult<()> {
                 let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
                 append_event(
-                    &mut conn,
+                    &mut tx,
                     EventLine {
                         run_id: Some(run_id),
                         entity: "run",
@@ -1148,7 +1164,8 @@ macro_rules! saga_store_sql {
                         at: Utc::now(),
                     },
                 )
-                .await
+                .await?;
+                commit(tx).await
             }
 
             async fn record_compensation(
@@ -1158,7 +1175,7 @@ macro_rules! saga_store_sql {
             ) -> StoreResult<Compensation> {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
-                let step_status = sqlx::query("SELECT status FROM saga_log WHERE run_id = $1 AND step_idx = $2")
+                let step_status = query("SELECT status FROM saga_log WHERE run_id = $1 AND step_idx = $2")
                     .bind(new.run_id.to_string())
                     .bind(new.step_idx)
                     .fetch_optional(&mut *tx)
@@ -1175,7 +1192,7 @@ macro_rules! saga_store_sql {
                     )));
                 }
                 let now = Utc::now();
-                let row = sqlx::query(
+                let row = query(
                     "INSERT INTO compensations (run_id, step_idx, tool, idempotency_key, args, status, created_at, updated_at)
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
                      RETURNING *",
@@ -1235,7 +1252,7 @@ macro_rules! saga_store_sql {
                 // the same commit, so the two can never disagree.
                 if outcome.to == StepStatus::Confirmed {
                     check_step_transition(Lifecycle::Step, StepStatus::Confirmed, StepStatus::Compensated)?;
-                    let moved = sqlx::query(
+                    let moved = query(
                         "UPDATE saga_log SET status = $1, updated_at = $2
                          WHERE run_id = $3 AND step_idx = $4 AND status = $5",
                     )
@@ -1271,9 +1288,9 @@ macro_rules! saga_store_sql {
             }
 
             async fn compensations(&self, run_id: Uuid) -> StoreResult<Vec<Compensation>> {
-                sqlx::query("SELECT * FROM compensations WHERE run_id = $1 ORDER BY created_at, step_idx")
+                query("SELECT * FROM compensations WHERE run_id = $1 ORDER BY created_at, step_idx")
                     .bind(run_id.to_string())
-                    .fetch_all(self.reader())
+                    .fetch_all(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .iter()
@@ -1298,7 +1315,7 @@ macro_rules! saga_store_sql {
                 check_approval_transition(ApprovalStatus::Pending, decision.to)?;
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
-                let row = sqlx::query(concat!("SELECT * FROM approvals WHERE id = $1", $for_update))
+                let row = query(concat!("SELECT * FROM approvals WHERE id = $1", $for_update))
                     .bind(decision.approval_id)
                     .fetch_optional(&mut *tx)
                     .await
@@ -1320,7 +1337,7 @@ macro_rules! saga_store_sql {
                     return Err(StoreError::PlanChanged);
                 }
                 let now = Utc::now();
-                let row = sqlx::query(
+                let row = query(
                     "UPDATE approvals SET status = $1, decided_by = $2, decided_at = $3, note = $4
                      WHERE id = $5 AND status = $6 RETURNING *",
                 )
@@ -1355,9 +1372,9 @@ macro_rules! saga_store_sql {
             }
 
             async fn approval(&self, id: i64) -> StoreResult<Option<Approval>> {
-                sqlx::query("SELECT * FROM approvals WHERE id = $1")
+                query("SELECT * FROM approvals WHERE id = $1")
                     .bind(id)
-                    .fetch_optional(self.reader())
+                    .fetch_optional(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .as_ref()
@@ -1366,9 +1383,9 @@ macro_rules! saga_store_sql {
             }
 
             async fn approvals(&self, run_id: Uuid) -> StoreResult<Vec<Approval>> {
-                sqlx::query("SELECT * FROM approvals WHERE run_id = $1 ORDER BY id")
+                query("SELECT * FROM approvals WHERE run_id = $1 ORDER BY id")
                     .bind(run_id.to_string())
-                    .fetch_all(self.reader())
+                    .fetch_all(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .iter()
@@ -1377,9 +1394,9 @@ macro_rules! saga_store_sql {
             }
 
             async fn pending_approvals(&self) -> StoreResult<Vec<Approval>> {
-                sqlx::query("SELECT * FROM approvals WHERE status = $1 ORDER BY created_at, id")
+                query("SELECT * FROM approvals WHERE status = $1 ORDER BY created_at, id")
                     .bind(ApprovalStatus::Pending.as_str())
-                    .fetch_all(self.reader())
+                    .fetch_all(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .iter()
@@ -1391,7 +1408,7 @@ macro_rules! saga_store_sql {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
                 let now = Utc::now();
-                let inserted = sqlx::query(
+                let inserted = query(
                     "INSERT INTO corrections (run_id, step_idx, source, tool, audience, rank, template, recipients,
                         message, status, idempotency_key, created_at, updated_at)
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $7, $9, $10, $11, $11)
@@ -1413,7 +1430,7 @@ macro_rules! saga_store_sql {
                 .map_err(|e| db_error(e, || format!("correction key {}", new.idempotency_key)))?
                 .rows_affected()
                     == 1;
-                let row = sqlx::query("SELECT * FROM corrections WHERE run_id = $1 AND step_idx = $2 AND source = $3")
+                let row = query("SELECT * FROM corrections WHERE run_id = $1 AND step_idx = $2 AND source = $3")
                     .bind(new.run_id.to_string())
                     .bind(new.step_idx)
                     .bind(new.source.as_str())
@@ -1448,7 +1465,7 @@ macro_rules! saga_store_sql {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
                 let now = Utc::now();
-                let found = sqlx::query(
+                let found = query(
                     "UPDATE corrections SET message = $1, updated_at = $2 WHERE id = $3 AND status = $4 RETURNING *",
                 )
                 .bind(message)
@@ -1459,7 +1476,7 @@ macro_rules! saga_store_sql {
                 .await
                 .map_err(db)?;
                 let Some(row) = found else {
-                    let status = sqlx::query("SELECT status FROM corrections WHERE id = $1")
+                    let status = query("SELECT status FROM corrections WHERE id = $1")
                         .bind(id)
                         .fetch_optional(&mut *tx)
                         .await
@@ -1511,7 +1528,7 @@ macro_rules! saga_store_sql {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
                 let now = Utc::now();
-                let found = sqlx::query(
+                let found = query(
                     "UPDATE corrections SET status = $1, decided_by = $2, decided_at = $3,
                         dismiss_reason = COALESCE($4, dismiss_reason), updated_at = $3
                      WHERE id = $5 AND status = $6 RETURNING *",
@@ -1526,7 +1543,7 @@ macro_rules! saga_store_sql {
                 .await
                 .map_err(db)?;
                 let Some(row) = found else {
-                    let status = sqlx::query("SELECT status FROM corrections WHERE id = $1")
+                    let status = query("SELECT status FROM corrections WHERE id = $1")
                         .bind(id)
                         .fetch_optional(&mut *tx)
                         .await
@@ -1577,7 +1594,7 @@ macro_rules! saga_store_sql {
                 let now = Utc::now();
                 // A send that was never attempted is, as far as the outside
                 // world is concerned, NOT_EXECUTED.
-                let found = sqlx::query(
+                let found = query(
                     "UPDATE corrections SET send_status = $1, external_ref = COALESCE($2, external_ref),
                         status = CASE WHEN $3 THEN 'sent' ELSE status END, updated_at = $4
                      WHERE id = $5 AND status = 'approved' AND COALESCE(send_status, 'NOT_EXECUTED') = $6
@@ -1593,7 +1610,7 @@ macro_rules! saga_store_sql {
                 .await
                 .map_err(db)?;
                 let Some(row) = found else {
-                    let current = sqlx::query("SELECT status, send_status FROM corrections WHERE id = $1")
+                    let current = query("SELECT status, send_status FROM corrections WHERE id = $1")
                         .bind(id)
                         .fetch_optional(&mut *tx)
                         .await
@@ -1631,9 +1648,9 @@ macro_rules! saga_store_sql {
             }
 
             async fn correction(&self, id: i64) -> StoreResult<Option<Correction>> {
-                sqlx::query("SELECT * FROM corrections WHERE id = $1")
+                query("SELECT * FROM corrections WHERE id = $1")
                     .bind(id)
-                    .fetch_optional(self.reader())
+                    .fetch_optional(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .as_ref()
@@ -1642,9 +1659,9 @@ macro_rules! saga_store_sql {
             }
 
             async fn corrections(&self, run_id: Uuid) -> StoreResult<Vec<Correction>> {
-                sqlx::query("SELECT * FROM corrections WHERE run_id = $1 ORDER BY rank DESC, id")
+                query("SELECT * FROM corrections WHERE run_id = $1 ORDER BY rank DESC, id")
                     .bind(run_id.to_string())
-                    .fetch_all(self.reader())
+                    .fetch_all(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .iter()
@@ -1653,11 +1670,11 @@ macro_rules! saga_store_sql {
             }
 
             async fn correction_queue(&self) -> StoreResult<Vec<Correction>> {
-                sqlx::query(
+                query(
                     "SELECT * FROM corrections WHERE status IN ('pending', 'approved')
                      ORDER BY rank DESC, created_at, id",
                 )
-                .fetch_all(self.reader())
+                .fetch_all(&mut *self.read_conn().await?)
                 .await
                 .map_err(db)?
                 .iter()
@@ -1668,16 +1685,16 @@ macro_rules! saga_store_sql {
             async fn events(&self, run_id: Option<Uuid>, limit: i64) -> StoreResult<Vec<Event>> {
                 let rows = match run_id {
                     Some(id) => {
-                        sqlx::query("SELECT * FROM events WHERE run_id = $1 ORDER BY id LIMIT $2")
+                        query("SELECT * FROM events WHERE run_id = $1 ORDER BY id LIMIT $2")
                             .bind(id.to_string())
                             .bind(limit)
-                            .fetch_all(self.reader())
+                            .fetch_all(&mut *self.read_conn().await?)
                             .await
                     }
                     None => {
-                        sqlx::query("SELECT * FROM events ORDER BY id LIMIT $1")
+                        query("SELECT * FROM events ORDER BY id LIMIT $1")
                             .bind(limit)
-                            .fetch_all(self.reader())
+                            .fetch_all(&mut *self.read_conn().await?)
                             .await
                     }
                 }
@@ -1686,11 +1703,11 @@ macro_rules! saga_store_sql {
             }
 
             async fn events_after(&self, run_id: Uuid, after_id: i64, limit: i64) -> StoreResult<Vec<Event>> {
-                sqlx::query("SELECT * FROM events WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3")
+                query("SELECT * FROM events WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3")
                     .bind(run_id.to_string())
                     .bind(after_id)
                     .bind(limit)
-                    .fetch_all(self.reader())
+                    .fetch_all(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .iter()
@@ -1699,9 +1716,9 @@ macro_rules! saga_store_sql {
             }
 
             async fn recent_events(&self, limit: i64) -> StoreResult<Vec<Event>> {
-                sqlx::query("SELECT * FROM events ORDER BY id DESC LIMIT $1")
+                query("SELECT * FROM events ORDER BY id DESC LIMIT $1")
                     .bind(limit)
-                    .fetch_all(self.reader())
+                    .fetch_all(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .iter()
@@ -1722,10 +1739,10 @@ macro_rules! saga_store_sql {
                 } else {
                     "SELECT * FROM events WHERE id < $1 ORDER BY id DESC LIMIT $2"
                 };
-                sqlx::query(sql)
+                query(sql)
                     .bind(before_id.unwrap_or(i64::MAX))
                     .bind(limit)
-                    .fetch_all(self.reader())
+                    .fetch_all(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .iter()
@@ -1734,10 +1751,10 @@ macro_rules! saga_store_sql {
             }
 
             async fn all_events_after(&self, after_id: i64, limit: i64) -> StoreResult<Vec<Event>> {
-                sqlx::query("SELECT * FROM events WHERE id > $1 ORDER BY id LIMIT $2")
+                query("SELECT * FROM events WHERE id > $1 ORDER BY id LIMIT $2")
                     .bind(after_id)
                     .bind(limit)
-                    .fetch_all(self.reader())
+                    .fetch_all(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?
                     .iter()
@@ -1749,7 +1766,7 @@ macro_rules! saga_store_sql {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
                 let now = Utc::now();
-                let row = sqlx::query(
+                let row = query(
                     "INSERT INTO users (username, password_hash, role, created_at) VALUES ($1, $2, $3, $4) RETURNING *",
                 )
                 .bind(username)
@@ -1766,9 +1783,9 @@ macro_rules! saga_store_sql {
             }
 
             async fn credentials(&self, username: &str) -> StoreResult<Option<Credentials>> {
-                let row = sqlx::query("SELECT * FROM users WHERE lower(username) = lower($1)")
+                let row = query("SELECT * FROM users WHERE lower(username) = lower($1)")
                     .bind(username)
-                    .fetch_optional(self.reader())
+                    .fetch_optional(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?;
                 row.map(|row| {
@@ -1783,7 +1800,7 @@ macro_rules! saga_store_sql {
             async fn remove_user(&self, username: &str) -> StoreResult<User> {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
-                let row = sqlx::query("DELETE FROM users WHERE lower(username) = lower($1) RETURNING *")
+                let row = query("DELETE FROM users WHERE lower(username) = lower($1) RETURNING *")
                     .bind(username)
                     .fetch_optional(&mut *tx)
                     .await
@@ -1798,14 +1815,14 @@ macro_rules! saga_store_sql {
             async fn set_role(&self, username: &str, role: Role) -> StoreResult<User> {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
-                let before = sqlx::query("SELECT * FROM users WHERE lower(username) = lower($1)")
+                let before = query("SELECT * FROM users WHERE lower(username) = lower($1)")
                     .bind(username)
                     .fetch_optional(&mut *tx)
                     .await
                     .map_err(db)?
                     .ok_or_else(|| StoreError::NotFound { what: format!("user {username}") })?;
                 let before = user_from(&before)?;
-                let row = sqlx::query("UPDATE users SET role = $1 WHERE id = $2 RETURNING *")
+                let row = query("UPDATE users SET role = $1 WHERE id = $2 RETURNING *")
                     .bind(role.as_str())
                     .bind(before.id)
                     .fetch_one(&mut *tx)
@@ -1821,7 +1838,7 @@ macro_rules! saga_store_sql {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
                 let now = Utc::now();
-                let revoked = sqlx::query("UPDATE api_tokens SET revoked_at = $1 WHERE agent = $2 AND revoked_at IS NULL")
+                let revoked = query("UPDATE api_tokens SET revoked_at = $1 WHERE agent = $2 AND revoked_at IS NULL")
                     .bind(now)
                     .bind(agent)
                     .execute(&mut *tx)
@@ -1850,7 +1867,7 @@ macro_rules! saga_store_sql {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
                 let now = Utc::now();
-                let row = sqlx::query(
+                let row = query(
                     "INSERT INTO api_tokens (agent, token_hash, label, created_at) VALUES ($1, $2, $3, $4) RETURNING *",
                 )
                 .bind(agent)
@@ -1885,9 +1902,9 @@ macro_rules! saga_store_sql {
             }
 
             async fn agent_for_token(&self, token_hash: &str) -> StoreResult<Option<String>> {
-                let row = sqlx::query("SELECT agent FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL")
+                let row = query("SELECT agent FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL")
                     .bind(token_hash)
-                    .fetch_optional(self.reader())
+                    .fetch_optional(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?;
                 row.map(|row| text(&row, "agent")).transpose()

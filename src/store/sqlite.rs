@@ -97,8 +97,8 @@ impl SqliteStore {
         self.writer.close().await;
     }
 
-    fn reader(&self) -> &SqlitePool {
-        &self.readers
+    async fn read_conn(&self) -> StoreResult<PoolConnection<Sqlite>> {
+        self.readers.acquire().await.map_err(db)
     }
 
     /// The writer connection, set to the durability this commit needs.
@@ -121,6 +121,11 @@ impl SqliteStore {
                 .store(want_normal, Ordering::Release);
         }
         Ok(conn)
+    }
+
+    /// An in-process SQLite connection keeps its prepared statements.
+    fn keeps_statements() -> bool {
+        true
     }
 
     async fn lazy_commit(_tx: &mut SqliteConnection, _durability: Durability) -> StoreResult<()> {
@@ -280,7 +285,7 @@ impl SqliteStore {
             crate::store::sql::unsettled_sql!(),
         ))
         .bind(run_id.to_string())
-        .fetch_all(self.reader())
+        .fetch_all(&self.readers)
         .await
         .map_err(db)?;
         let read = run_and_unsettled(&rows)?;

@@ -8,18 +8,47 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 pub struct TestDb {
+    /// What the harness under test connects to.
     pub url: String,
+    /// The database itself, for a test's own reads and set-up (the same as
+    /// `url` unless a pooler stands between).
+    pub direct_url: String,
+    /// `url` is a transaction-pooling PgBouncer.
+    pub pooler: bool,
     _dir: Option<TempDir>,
     postgres: Option<(String, String)>,
+    bouncer: Option<std::process::Child>,
+}
+
+impl TestDb {
+    /// How the harness under test must open `url`.
+    pub fn settings(&self) -> saga_harness::store::StoreSettings {
+        saga_harness::store::StoreSettings {
+            pg_transaction_pooler: self.pooler,
+            ..Default::default()
+        }
+    }
+
+    /// The environment a harness process needs for `url`.
+    pub fn env(&self) -> Vec<(String, String)> {
+        if self.pooler {
+            vec![("SAGA_PG_TRANSACTION_POOLER".into(), "true".into())]
+        } else {
+            Vec::new()
+        }
+    }
 }
 
 pub fn sqlite() -> TestDb {
     let dir = tempfile::tempdir().expect("temporary directory");
     let url = format!("sqlite://{}", dir.path().join("saga.db").display());
     TestDb {
+        direct_url: url.clone(),
         url,
+        pooler: false,
         _dir: Some(dir),
         postgres: None,
+        bouncer: None,
     }
 }
 
@@ -42,10 +71,123 @@ pub async fn postgres() -> Option<TestDb> {
         .expect("CREATE DATABASE");
     let url = with_database(&admin_url, &name);
     Some(TestDb {
+        direct_url: url.clone(),
         url,
+        pooler: false,
         _dir: None,
         postgres: Some((admin_url, name)),
+        bouncer: None,
     })
+}
+
+/// A fresh PostgreSQL database behind its own PgBouncer in transaction
+/// pooling mode (Debian's `pgbouncer`), as PostgreSQL is often run at
+/// scale. `None` where `postgres()` is; under CI a missing PgBouncer fails.
+pub async fn postgres_via_pgbouncer() -> Option<TestDb> {
+    let mut db = postgres().await?;
+    let binary = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists());
+    let Some(binary) = binary else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but pgbouncer is not installed: the PgBouncer tests cannot be skipped in CI"
+        );
+        eprintln!("pgbouncer is not installed: skipping");
+        return None;
+    };
+    let server = ServerAddress::parse(&db.direct_url);
+    let dir = tempfile::tempdir().expect("a directory for PgBouncer");
+    let port = process::free_port();
+    let config = dir.path().join("pgbouncer.ini");
+    std::fs::write(
+        &config,
+        format!(
+            "[databases]\n* = host={host} port={server_port} user={user} password={password}\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+             auth_type = any\npool_mode = transaction\nmax_client_conn = 2000\n\
+             default_pool_size = 20\nignore_startup_parameters = extra_float_digits,options\n\
+             logfile =\npidfile =\n",
+            host = server.host,
+            server_port = server.port,
+            user = server.user,
+            password = server.password,
+        ),
+    )
+    .expect("the PgBouncer configuration");
+    let mut command = std::process::Command::new(binary);
+    // PgBouncer refuses to run as root; as root it is asked to switch.
+    let as_root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0\n"))
+        .unwrap_or(false);
+    if as_root {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+        command.args(["-u", "postgres"]);
+    }
+    let child = command
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("pgbouncer starts");
+    db.bouncer = Some(child);
+    db._dir = Some(dir);
+    let name = &db.postgres.as_ref().expect("a PostgreSQL database").1;
+    db.url = format!(
+        "postgres://{}:{}@127.0.0.1:{port}/{name}",
+        server.user, server.password
+    );
+    db.pooler = true;
+    // Ready once a statement goes through it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        use sqlx::Connection;
+        let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&db.url)
+            .unwrap()
+            .statement_cache_capacity(0);
+        if let Ok(mut conn) = sqlx::PgConnection::connect_with(&options).await {
+            if sqlx::raw_sql("SELECT 1").execute(&mut conn).await.is_ok() {
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "PgBouncer on port {port} did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Some(db)
+}
+
+/// The parts of a `postgres://USER:PASSWORD@HOST:PORT/DB` URL PgBouncer
+/// needs to reach the server.
+struct ServerAddress {
+    user: String,
+    password: String,
+    host: String,
+    port: u16,
+}
+
+impl ServerAddress {
+    fn parse(url: &str) -> ServerAddress {
+        let rest = url.split_once("://").expect("a URL").1;
+        let (credentials, place) = rest.rsplit_once('@').expect("credentials in the URL");
+        let (user, password) = credentials.split_once(':').unwrap_or((credentials, ""));
+        let authority = place.split('/').next().unwrap_or(place);
+        let (host, port) = authority
+            .rsplit_once(':')
+            .map_or((authority, 5432), |(h, p)| (h, p.parse().expect("a port")));
+        ServerAddress {
+            user: user.to_owned(),
+            password: password.to_owned(),
+            host: host.to_owned(),
+            port,
+        }
+    }
 }
 
 fn uuid_simple() -> String {
@@ -82,10 +224,18 @@ fn with_database(url: &str, name: &str) -> String {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
+        if let Some(mut bouncer) = self.bouncer.take() {
+            let _ = bouncer.kill();
+            let _ = bouncer.wait();
+        }
         if let Some((admin_url, name)) = self.postgres.take() {
-            // Drop runs outside any runtime's async context: use a thread
-            // with its own small runtime.
-            let _ = std::thread::spawn(move || {
+            // Drop runs inside the test's runtime, which must not block
+            // here: the store's background work (a lease being released)
+            // may be half-way through opening a connection, and the server
+            // holds DROP DATABASE until that connection finishes signing
+            // in. A thread of its own drops the database once the test's
+            // runtime has closed its sockets.
+            std::thread::spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -96,8 +246,7 @@ impl Drop for TestDb {
                         .execute(&mut admin)
                         .await;
                 });
-            })
-            .join();
+            });
         }
     }
 }
