@@ -124,12 +124,6 @@ impl Application {
                 missing,
             });
         }
-        let opened = store::open_with(&args.database.database_url, &args.database.store)
-            .await
-            .map_err(|source| ServerError::Store {
-                url: store::redact(&args.database.database_url),
-                source,
-            })?;
         let listener = TcpListener::bind(args.bind)
             .await
             .map_err(|source| ServerError::Bind {
@@ -137,6 +131,18 @@ impl Application {
                 source,
             })?;
         let addr = listener.local_addr().map_err(ServerError::Serve)?;
+        // Unnamed, an instance is its host and port: unique among live
+        // instances, and the same again when it restarts in place.
+        let mut settings = args.database.store.clone();
+        settings
+            .instance_id
+            .get_or_insert_with(|| format!("{}:{}", store::host_name(), addr.port()));
+        let opened = store::open_with(&args.database.database_url, &settings)
+            .await
+            .map_err(|source| ServerError::Store {
+                url: store::redact(&args.database.database_url),
+                source,
+            })?;
         let store = opened.saga_store();
         let registry = Arc::new(registry);
         let engine = Arc::new(Engine::new(
@@ -145,7 +151,9 @@ impl Application {
             Arc::new(connectors),
         ));
         // R11: the log says what was in flight when the last process
-        // stopped; settle it before taking new calls.
+        // stopped; settle it before taking new calls. (Runs another live
+        // instance holds are left to it; the sweep below carries on any
+        // that a stopped instance left, once their leases run out.)
         let resumed = engine
             .resume()
             .await
@@ -202,6 +210,15 @@ impl Application {
                     Ok(0) => {}
                     Ok(settled) => tracing::info!(settled, "reconciled steps left unknown"),
                     Err(err) => tracing::error!(%err, "reconciling steps left unknown"),
+                }
+                // Commits and unwinds an instance that stopped left behind,
+                // once their leases have run out.
+                match engine.resume_left_behind(STALE_AFTER).await {
+                    Ok(report) if report.committed + report.unwound > 0 => {
+                        tracing::info!(?report, "carried on runs another instance left behind")
+                    }
+                    Ok(_) => {}
+                    Err(err) => tracing::error!(%err, "carrying on runs left behind"),
                 }
             }
         });

@@ -112,7 +112,10 @@ impl Schedule {
         let dir = tempfile::tempdir().unwrap();
         let tools = tools_file(&sims, dir.path(), 50);
         let token = provision(&db.direct_url, AGENT, &[(LEAD, "approver")]).await;
-        let mut plain = Launch::new(&db.url, Some(&tools));
+        // One name across the schedule's restarts: each new process takes
+        // back at once what the one that crashed held.
+        let mut plain =
+            Launch::new(&db.url, Some(&tools)).env("SAGA_INSTANCE_ID", "crash-schedule");
         for (name, value) in db.env() {
             plain = plain.env(&name, &value);
         }

@@ -311,17 +311,21 @@ impl Engine {
         })
     }
 
-    /// `serialise`, or `None` when another instance holds the run past the
-    /// store's wait (background work leaves such a run to its holder).
-    pub(crate) async fn serialise_unless_busy(
-        &self,
-        run_id: Uuid,
-    ) -> Result<Option<RunGuard>, Refusal> {
-        match self.serialise(run_id).await {
-            Ok(guard) => Ok(Some(guard)),
-            Err(Refusal::Store(StoreError::RunBusy { .. })) => Ok(None),
-            Err(err) => Err(err),
-        }
+    /// `serialise` without waiting: `None` when a call in this process or
+    /// another instance is working on the run now. Background work (resume,
+    /// the sweeps) leaves such a run to its holder and looks again later.
+    pub(crate) async fn try_serialise(&self, run_id: Uuid) -> Result<Option<RunGuard>, Refusal> {
+        let Ok(local) = self.run_lock(run_id).try_lock_owned() else {
+            return Ok(None);
+        };
+        Ok(self
+            .store
+            .try_claim_run(run_id)
+            .await?
+            .map(|claim| RunGuard {
+                _claim: claim,
+                _local: local,
+            }))
     }
 
     /// `serialise`, and the run with its unsettled steps, read under the

@@ -64,7 +64,7 @@ impl Engine {
         for (run_id, steps) in by_run {
             // A run another instance is working on is that instance's to
             // settle; the next sweep looks again.
-            let Some(_serialised) = self.serialise_unless_busy(run_id).await? else {
+            let Some(_serialised) = self.try_serialise(run_id).await? else {
                 continue;
             };
             for idx in steps {
@@ -93,61 +93,95 @@ impl Engine {
             RunStatus::Unwinding,
         ];
         for run in self.store().runs_with_status(&live).await? {
-            // Another live instance sharing the database may be working on
-            // this run: its in-flight step is not this start-up's to settle.
-            let Some(serialised) = self.serialise_unless_busy(run.id).await? else {
-                report.busy += 1;
-                continue;
-            };
-            let mut decided_steps = Vec::new();
-            for step in self.store().steps(run.id).await? {
-                match step.status {
-                    StepStatus::Intended | StepStatus::Unknown => {
-                        self.reconcile(step).await?;
-                        report.reconciled += 1;
-                    }
-                    // Decided, but the crash came before the step followed:
-                    // finish what the person decided (below, under its own
-                    // claim).
-                    StepStatus::AwaitingApproval => {
-                        let decided = self.store().approvals(run.id).await?.into_iter().find(|a| {
-                            a.kind == ApprovalKind::Step
-                                && a.step_idx == Some(step.step_idx)
-                                && a.status != ApprovalStatus::Pending
-                        });
-                        decided_steps.extend(decided);
-                    }
-                    _ => {}
-                }
-            }
-            drop(serialised);
-            for approval in decided_steps {
-                let person = Actor::User(approval.decided_by.clone().unwrap_or_default());
-                let approve = approval.status == ApprovalStatus::Approved;
-                self.decide_step(approval.id, &approval.digest, approve, &person)
-                    .await?;
-            }
-            let after = match self.store().run(run.id).await?.map(|r| r.status) {
-                Some(RunStatus::Committing) => {
-                    report.committed += 1;
-                    self.commit(run.id).await?
-                }
-                Some(RunStatus::Unwinding) => {
-                    report.unwound += 1;
-                    self.continue_unwind(run.id).await?
-                }
-                // Rejected, and the crash came before the unwind began.
-                Some(RunStatus::Rejected) => {
-                    report.unwound += 1;
-                    self.unwind(run.id, &Actor::System, "the pivot was rejected")
-                        .await?
-                }
-                _ => continue,
-            };
-            if after.status == RunStatus::NeedsAttention {
-                report.needs_attention += 1;
+            self.resume_run(run.id, &mut report).await?;
+        }
+        Ok(report)
+    }
+
+    /// Runs left COMMITTING, UNWINDING or REJECTED (a pivot's unwind not yet
+    /// begun) by an instance that stopped, once nobody has touched them for
+    /// `min_age` and no live instance holds them: the sweep carries them on
+    /// while the server runs, not only at the next start.
+    pub async fn resume_left_behind(
+        &self,
+        min_age: chrono::Duration,
+    ) -> Result<ResumeReport, Refusal> {
+        let before = chrono::Utc::now() - min_age;
+        let mut report = ResumeReport::default();
+        let left = [
+            RunStatus::Committing,
+            RunStatus::Rejected,
+            RunStatus::Unwinding,
+        ];
+        for run in self.store().runs_with_status(&left).await? {
+            if run.updated_at < before {
+                self.resume_run(run.id, &mut report).await?;
             }
         }
         Ok(report)
+    }
+
+    /// Resume for one run, under its claim; a run another live instance
+    /// holds now is counted as busy and left to it.
+    async fn resume_run(
+        &self,
+        run_id: uuid::Uuid,
+        report: &mut ResumeReport,
+    ) -> Result<(), Refusal> {
+        // Another live instance sharing the database may be working on
+        // this run: its in-flight step is not this start-up's to settle.
+        let Some(serialised) = self.try_serialise(run_id).await? else {
+            report.busy += 1;
+            return Ok(());
+        };
+        let mut decided_steps = Vec::new();
+        for step in self.store().steps(run_id).await? {
+            match step.status {
+                StepStatus::Intended | StepStatus::Unknown => {
+                    self.reconcile(step).await?;
+                    report.reconciled += 1;
+                }
+                // Decided, but the crash came before the step followed:
+                // finish what the person decided (below, under its own
+                // claim).
+                StepStatus::AwaitingApproval => {
+                    let decided = self.store().approvals(run_id).await?.into_iter().find(|a| {
+                        a.kind == ApprovalKind::Step
+                            && a.step_idx == Some(step.step_idx)
+                            && a.status != ApprovalStatus::Pending
+                    });
+                    decided_steps.extend(decided);
+                }
+                _ => {}
+            }
+        }
+        drop(serialised);
+        for approval in decided_steps {
+            let person = Actor::User(approval.decided_by.clone().unwrap_or_default());
+            let approve = approval.status == ApprovalStatus::Approved;
+            self.decide_step(approval.id, &approval.digest, approve, &person)
+                .await?;
+        }
+        let after = match self.store().run(run_id).await?.map(|r| r.status) {
+            Some(RunStatus::Committing) => {
+                report.committed += 1;
+                self.commit(run_id).await?
+            }
+            Some(RunStatus::Unwinding) => {
+                report.unwound += 1;
+                self.continue_unwind(run_id).await?
+            }
+            // Rejected, and the crash came before the unwind began.
+            Some(RunStatus::Rejected) => {
+                report.unwound += 1;
+                self.unwind(run_id, &Actor::System, "the pivot was rejected")
+                    .await?
+            }
+            _ => return Ok(()),
+        };
+        if after.status == RunStatus::NeedsAttention {
+            report.needs_attention += 1;
+        }
+        Ok(())
     }
 }

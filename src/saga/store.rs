@@ -98,6 +98,11 @@ pub trait SagaStore: Send + Sync + 'static {
     /// store's wait. (A SQLite file has one process by design, so there the
     /// claim is free.)
     async fn claim_run(&self, run_id: Uuid) -> StoreResult<Box<dyn RunClaim>>;
+    /// `claim_run` without waiting: `None` when another process holds the
+    /// run now (background work leaves it to its holder).
+    async fn try_claim_run(&self, run_id: Uuid) -> StoreResult<Option<Box<dyn RunClaim>>> {
+        self.claim_run(run_id).await.map(Some)
+    }
     /// `claim_run`, then the run and its unsettled steps read under the
     /// claim: on PostgreSQL all three in one round trip.
     async fn claim_and_read(&self, run_id: Uuid) -> StoreResult<ClaimedRun>;

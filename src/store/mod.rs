@@ -36,6 +36,35 @@ pub struct StoreSettings {
     /// prepared statement across transactions.
     #[arg(long = "pg-transaction-pooler", env = "SAGA_PG_TRANSACTION_POOLER")]
     pub pg_transaction_pooler: bool,
+    /// This instance's name, stable across its restarts (letters, digits,
+    /// `.`, `_`, `:` and `-`). Started again under the same name, an
+    /// instance takes back at once the runs its previous life held,
+    /// instead of waiting for their leases to run out. Two live instances
+    /// must never share one. Default: the host name and the port served.
+    #[arg(long = "instance-id", env = "SAGA_INSTANCE_ID", value_parser = instance_id)]
+    pub instance_id: Option<String>,
+}
+
+pub(crate) fn instance_id(text: &str) -> Result<String, String> {
+    let fits = !text.is_empty()
+        && text.len() <= 100
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'));
+    if fits {
+        Ok(text.to_owned())
+    } else {
+        Err("1 to 100 of letters, digits, '.', '_', ':' and '-'".to_owned())
+    }
+}
+
+/// This machine's host name, for the default instance name.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .and_then(|name| instance_id(&name).ok())
+        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 impl Default for StoreSettings {
@@ -44,6 +73,7 @@ impl Default for StoreSettings {
             run_lease_ms: 30_000,
             run_wait_ms: 10_000,
             pg_transaction_pooler: false,
+            instance_id: None,
         }
     }
 }

@@ -36,6 +36,8 @@ static KEEP_STATEMENTS: std::sync::atomic::AtomicBool = std::sync::atomic::Atomi
 pub struct PostgresStore {
     pool: PgPool,
     settings: StoreSettings,
+    /// The first half of every lease token this store writes.
+    instance: String,
     /// Leases this store has let go of whose release may not have reached
     /// the database yet, by run: the next claim of that run here may take
     /// it over directly instead of waiting for the release.
@@ -56,6 +58,10 @@ fn now_ms() -> i64 {
 impl PostgresStore {
     /// Connects to `url` and applies the migrations.
     pub async fn open(url: &str, settings: &StoreSettings) -> StoreResult<Self> {
+        if let Some(name) = &settings.instance_id {
+            crate::store::instance_id(name)
+                .map_err(|why| StoreError::Invalid(format!("instance name {name:?}: {why}")))?;
+        }
         let mut options = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::Invalid(format!("bad PostgreSQL URL: {e}")))?;
         if settings.pg_transaction_pooler {
@@ -98,6 +104,10 @@ impl PostgresStore {
             })?;
         let store = PostgresStore {
             pool,
+            instance: settings
+                .instance_id
+                .clone()
+                .unwrap_or_else(|| format!("anonymous-{}", uuid::Uuid::new_v4().simple())),
             settings: settings.clone(),
             released: Released::default(),
             broken_at,
@@ -108,6 +118,9 @@ impl PostgresStore {
             }
             other => other,
         })?;
+        if settings.instance_id.is_some() {
+            store.take_back_leases().await?;
+        }
         Ok(store)
     }
 
@@ -141,6 +154,26 @@ impl PostgresStore {
                 applied.map_or("none".to_owned(), |v| v.to_string())
             ))),
         }
+    }
+
+    /// Clears the leases this instance's previous life left behind: under
+    /// the same name, that life is over. (The name was checked to hold no
+    /// quote.)
+    async fn take_back_leases(&self) -> StoreResult<()> {
+        let sql = format!(
+            "UPDATE runs SET lease_owner = NULL, lease_until = NULL \
+             WHERE starts_with(lease_owner, '{}/')",
+            self.instance
+        );
+        let taken = sqlx::raw_sql(&sql).execute(&self.pool).await.map_err(db)?;
+        if taken.rows_affected() > 0 {
+            tracing::info!(
+                runs = taken.rows_affected(),
+                instance = %self.instance,
+                "took back the runs this instance held before it restarted"
+            );
+        }
+        Ok(())
     }
 
     /// Whether statements stay prepared on their connection: not behind a
@@ -323,6 +356,25 @@ impl PostgresStore {
         Ok(self.claim_and_read_here(run_id).await?.claim)
     }
 
+    async fn claim_now(
+        &self,
+        run_id: uuid::Uuid,
+    ) -> StoreResult<Option<Box<dyn crate::saga::store::RunClaim>>> {
+        match self.lease_and_read(run_id, Duration::ZERO).await {
+            Ok(claimed) => Ok(Some(claimed.claim)),
+            Err(StoreError::RunBusy { .. }) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn claim_and_read_here(
+        &self,
+        run_id: uuid::Uuid,
+    ) -> StoreResult<crate::saga::store::ClaimedRun> {
+        self.lease_and_read(run_id, Duration::from_millis(self.settings.run_wait_ms))
+            .await
+    }
+
     /// Takes the run's lease and reads the run, its unsettled steps and its
     /// steps owed to the agent, in one round trip: four statements sent as
     /// one simple query (no prepared statement, so a transaction pooler
@@ -332,18 +384,18 @@ impl PostgresStore {
     /// a number, all made here.
     ///
     /// A lease held by another holder is waited for (polling, backing off)
-    /// up to `run_wait`, then refused as `RunBusy`.
-    async fn claim_and_read_here(
+    /// up to `wait`, then refused as `RunBusy`.
+    async fn lease_and_read(
         &self,
         run_id: uuid::Uuid,
+        wait: Duration,
     ) -> StoreResult<crate::saga::store::ClaimedRun> {
         let id = run_id.hyphenated().to_string();
         let lease_ms = self.settings.run_lease_ms;
-        let deadline =
-            tokio::time::Instant::now() + Duration::from_millis(self.settings.run_wait_ms);
+        let deadline = tokio::time::Instant::now() + wait;
         let mut pause = Duration::from_millis(2);
         loop {
-            let token = uuid::Uuid::new_v4().simple().to_string();
+            let token = format!("{}/{}", self.instance, uuid::Uuid::new_v4().simple());
             let handover = self
                 .released
                 .lock()
@@ -385,7 +437,7 @@ impl PostgresStore {
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(StoreError::RunBusy {
-                    waited_ms: self.settings.run_wait_ms,
+                    waited_ms: wait.as_millis() as u64,
                 });
             }
             tokio::time::sleep(pause).await;

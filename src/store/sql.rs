@@ -859,6 +859,10 @@ macro_rules! saga_store_sql {
                 self.claim_and_read_here(run_id).await
             }
 
+            async fn try_claim_run(&self, run_id: Uuid) -> StoreResult<Option<Box<dyn $crate::saga::store::RunClaim>>> {
+                self.claim_now(run_id).await
+            }
+
             async fn create_run(&self, new: NewRun) -> StoreResult<(Run, bool)> {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;

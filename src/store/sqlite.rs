@@ -272,6 +272,13 @@ impl SqliteStore {
         Ok(Box::new(NoClaim))
     }
 
+    async fn claim_now(
+        &self,
+        run_id: uuid::Uuid,
+    ) -> StoreResult<Option<Box<dyn crate::saga::store::RunClaim>>> {
+        self.claim(run_id).await.map(Some)
+    }
+
     async fn claim_and_read_here(
         &self,
         run_id: uuid::Uuid,
