@@ -1625,6 +1625,83 @@ async fn r11_resume_continues_committing_and_unwinding_runs_from_the_log(s: Setu
     assert_eq!(s.world.effects("tickets.close").len(), 1);
 }
 
+/// R11 while serving: an unwind a stopped instance left behind is carried
+/// on by the sweep of a live one, once nobody holds the run; a run some
+/// instance holds now is left to it, and nothing is undone twice.
+async fn r11_the_sweep_carries_on_an_unwind_left_behind_but_never_a_held_one(s: Setup) {
+    let left = s.run().await;
+    s.engine
+        .call(AGENT, left.id, "create_ticket", json!({}), Some(0))
+        .await
+        .unwrap();
+    s.store
+        .move_run(
+            left.id,
+            RunStatus::Running,
+            RunStatus::Unwinding,
+            &lead(),
+            Some("wrong"),
+        )
+        .await
+        .unwrap();
+    let sweeper = s.restarted();
+    // Held by an instance that is still working on it: left alone.
+    let held = s.store.claim_run(left.id).await.unwrap();
+    if s.store.backend() == saga_harness::saga::store::Backend::Postgres {
+        let report = sweeper
+            .resume_left_behind(chrono::Duration::zero())
+            .await
+            .unwrap();
+        assert_eq!((report.unwound, report.busy), (0, 1));
+        assert!(s.world.effects("tickets.close").is_empty());
+    }
+    drop(held);
+    // Not yet old enough: an unwind in progress elsewhere may be between
+    // two claims.
+    let report = sweeper
+        .resume_left_behind(chrono::Duration::hours(1))
+        .await
+        .unwrap();
+    assert_eq!(report.unwound, 0);
+    let report = poll_until(|| async {
+        let report = sweeper
+            .resume_left_behind(chrono::Duration::zero())
+            .await
+            .unwrap();
+        (report.unwound == 1).then_some(report)
+    })
+    .await;
+    assert_eq!(report.unwound, 1);
+    assert_eq!(
+        s.store.run(left.id).await.unwrap().unwrap().status,
+        RunStatus::Unwound
+    );
+    assert_eq!(s.world.effects("tickets.close").len(), 1);
+    let again = sweeper
+        .resume_left_behind(chrono::Duration::zero())
+        .await
+        .unwrap();
+    assert_eq!(again.unwound, 0);
+    assert_eq!(s.world.effects("tickets.close").len(), 1);
+}
+
+/// Polls `check` until it gives a value (the released claim reaches the
+/// database off the caller's path), for at most five seconds.
+async fn poll_until<T, F, Fut>(mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(std::time::Instant::now() < deadline, "never happened");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 async fn r5_the_key_reaches_the_system_and_the_external_id_is_kept(s: Setup) {
     let run = s.run().await;
     let out = s
@@ -1850,6 +1927,7 @@ common::on_both_backends!(
     r10_a_correction_is_signed_off_then_sent_once,
     r10_an_unknown_send_is_a_question_not_a_second_letter,
     r11_resume_continues_committing_and_unwinding_runs_from_the_log,
+    r11_the_sweep_carries_on_an_unwind_left_behind_but_never_a_held_one,
     r5_the_key_reaches_the_system_and_the_external_id_is_kept,
     complete_is_refused_while_an_authorisation_is_open,
     r9_a_pivot_left_pending_past_the_authorisations_is_rejected,

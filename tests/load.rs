@@ -311,8 +311,12 @@ async fn postgres_three_processes_resuming_at_once_finish_each_unwind_once() {
             .faults
             .inject(FaultRule::new("POST", path, Fault::Delay { ms: 150 }).times(u32::MAX));
     }
+    // The process that dies has a name; one of the three that resume
+    // restarts under it (and so takes back at once what it held), the other
+    // two are new instances that find those runs held until then.
+    let named = launch.clone().env("SAGA_INSTANCE_ID", "resume-race");
     let mut armed = Harness::start(
-        &launch
+        &named
             .clone()
             .failpoint(format!("unwind.before_compensation_call:{runs}")),
     )
@@ -346,7 +350,7 @@ async fn postgres_three_processes_resuming_at_once_finish_each_unwind_once() {
     assert!(armed.wait_for_exit(Duration::from_secs(30)).await.is_some());
     // Three processes start together; each resumes every unwinding run.
     let (a, b, c) = tokio::join!(
-        Harness::start(&launch),
+        Harness::start(&named),
         Harness::start(&launch),
         Harness::start(&launch)
     );

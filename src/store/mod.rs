@@ -21,7 +21,7 @@ pub struct StoreSettings {
     /// How long an instance owns a run it works on without renewing (it
     /// renews every third of this while it works). After a crash, another
     /// instance takes the run over once this has passed.
-    #[arg(long = "run-lease-ms", env = "SAGA_RUN_LEASE_MS", default_value_t = 30_000,
+    #[arg(long = "run-lease-ms", env = "SAGA_RUN_LEASE_MS", default_value_t = 15_000,
           value_parser = clap::value_parser!(u64).range(300..))]
     pub run_lease_ms: u64,
     /// How long a call waits for a run another instance is working on
@@ -70,7 +70,7 @@ pub fn host_name() -> String {
 impl Default for StoreSettings {
     fn default() -> Self {
         StoreSettings {
-            run_lease_ms: 30_000,
+            run_lease_ms: 15_000,
             run_wait_ms: 10_000,
             pg_transaction_pooler: false,
             instance_id: None,
