@@ -62,6 +62,11 @@ pub struct BenchArgs {
     /// A seconds-long run with small sizes (for CI): every figure, little data.
     #[arg(long)]
     pub quick: bool,
+    /// Instead: many runs at once, each making one call its system answers
+    /// a second later, through real harness processes (1, 200 and 1,000 runs
+    /// on one instance; on PostgreSQL also 3,000 on three instances).
+    #[arg(long)]
+    pub in_flight: bool,
     /// Write every figure, with its rounds, to this JSON file.
     #[arg(long)]
     pub json: Option<PathBuf>,

@@ -9,6 +9,7 @@
 mod dashboard;
 mod floor;
 mod http;
+mod in_flight;
 mod path;
 mod peers;
 mod stats;
@@ -234,6 +235,9 @@ impl BackendBench {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.in_flight {
+        return run_in_flight(args).await;
+    }
     let mut sizes = if args.quick {
         Sizes::quick()
     } else {
@@ -245,21 +249,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         sizes.rounds = rounds;
     }
-    let mut targets = Vec::new();
-    if matches!(args.backend, BenchBackend::Sqlite | BenchBackend::Both) {
-        let dir = std::env::temp_dir().join(format!("saga-bench-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        targets.push(Target::Sqlite { dir });
-    }
-    if matches!(args.backend, BenchBackend::Postgres | BenchBackend::Both) {
-        let Some(admin) = args.postgres_url.clone() else {
-            bail!("--backend postgres needs --postgres-url (or SAGA_BENCH_POSTGRES_URL): a server where it may create databases");
-        };
-        targets.push(Target::Postgres {
-            admin,
-            created: Vec::new(),
-        });
-    }
+    let targets = targets(&args)?;
     let mut figures = Figures::default();
     let mut benches = Vec::new();
     for target in targets {
@@ -286,6 +276,76 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         eprintln!("bench: wrote {}", path.display());
     }
     Ok(())
+}
+
+/// Where the benchmark's databases go, per `--backend`.
+fn targets(args: &BenchArgs) -> anyhow::Result<Vec<Target>> {
+    let mut targets = Vec::new();
+    if matches!(args.backend, BenchBackend::Sqlite | BenchBackend::Both) {
+        let dir = std::env::temp_dir().join(format!("saga-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        targets.push(Target::Sqlite { dir });
+    }
+    if matches!(args.backend, BenchBackend::Postgres | BenchBackend::Both) {
+        let Some(admin) = args.postgres_url.clone() else {
+            bail!("--backend postgres needs --postgres-url (or SAGA_BENCH_POSTGRES_URL): a server where it may create databases");
+        };
+        targets.push(Target::Postgres {
+            admin,
+            created: Vec::new(),
+        });
+    }
+    Ok(targets)
+}
+
+/// `bench --in-flight`: see `in_flight`.
+async fn run_in_flight(args: BenchArgs) -> anyhow::Result<()> {
+    if cfg!(debug_assertions) {
+        eprintln!("bench: this is a debug build; the figures that matter come from --release");
+    }
+    // Thousands of connections at once: the client's, the simulators'.
+    crate::serving::raise_open_file_limit();
+    let rounds = args.rounds.unwrap_or(3);
+    let mut figures = Figures::default();
+    for mut target in targets(&args)? {
+        let measured = in_flight::measure(&mut target, rounds, &mut figures).await;
+        target.clean_up().await?;
+        measured?;
+    }
+    let verdicts: Vec<Verdict> = in_flight::targets(&figures)
+        .into_iter()
+        .map(|(target, value, at_most)| Verdict {
+            hit: value.map(|v| v <= at_most),
+            target,
+            ratio: value,
+            bound: format!("≤ {at_most}"),
+        })
+        .collect();
+    print_table(&figures, &verdicts);
+    if let Some(path) = &args.json {
+        let report = json!({
+            "date": chrono::Utc::now().to_rfc3339(),
+            "mode": "in-flight",
+            "machine": machine(),
+            "build": if cfg!(debug_assertions) { "debug" } else { "release" },
+            "rounds": rounds,
+            "figures": figures.all().iter().map(|f| (f.key.clone(), f.to_json())).collect::<Map<_, _>>(),
+            "targets": verdicts,
+            "notes": figures.notes,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn machine() -> Value {
+    json!({
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "os": std::env::consts::OS,
+        "arch": std::env::consts::ARCH,
+    })
 }
 
 /// One target of issue 8, judged on ratios from the same run.
@@ -457,11 +517,7 @@ fn report(args: &BenchArgs, sizes: &Sizes, figures: &Figures, verdicts: &[Verdic
     json!({
         "date": chrono::Utc::now().to_rfc3339(),
         "mode": if args.quick { "quick" } else { "full" },
-        "machine": {
-            "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-            "os": std::env::consts::OS,
-            "arch": std::env::consts::ARCH,
-        },
+        "machine": machine(),
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
         "sizes": sizes,
         "figures": all,
