@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// on one instance; on PostgreSQL also 3,000 on three instances).
     #[arg(long)]
     pub in_flight: bool,
+    /// Print the README's in-flight table from a report `--in-flight --json`
+    /// wrote, and exit.
+    #[arg(long, value_name = "JSON")]
+    pub in_flight_table: Option<PathBuf>,
     /// Write every figure, with its rounds, to this JSON file.
     #[arg(long)]
     pub json: Option<PathBuf>,

@@ -102,3 +102,27 @@ fn the_quick_benchmark_reports_every_figure_on_postgres() {
     let report = quick_bench("postgres", Some(&url));
     assert_every_figure(&report, "postgres");
 }
+
+/// The README's in-flight table is the committed benchmark output, not a
+/// copy: regenerate it with `saga-harness bench --in-flight-table
+/// benches/results/in-flight.json` after a new run.
+#[test]
+fn the_readme_in_flight_table_is_generated_from_the_committed_results() {
+    let report: Value = serde_json::from_str(
+        &std::fs::read_to_string("benches/results/in-flight.json").expect("the committed results"),
+    )
+    .expect("JSON");
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let start = "<!-- in-flight table: generated from benches/results/in-flight.json -->\n";
+    let end = "<!-- end of the in-flight table -->";
+    let from = readme.find(start).expect("the table's opening marker") + start.len();
+    let to = from
+        + readme[from..]
+            .find(end)
+            .expect("the table's closing marker");
+    assert_eq!(
+        &readme[from..to],
+        saga_harness::bench::in_flight_table(&report),
+        "README.md's in-flight table differs from benches/results/in-flight.json"
+    );
+}

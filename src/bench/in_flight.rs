@@ -347,3 +347,63 @@ pub fn targets(figures: &Figures) -> Vec<(String, Option<f64>, f64)> {
     }
     out
 }
+
+/// The README's in-flight table, made from a report `bench --in-flight
+/// --json` wrote (benches/results/in-flight.json), so the README never
+/// copies a figure by hand.
+pub fn markdown(report: &Value) -> String {
+    let median = |key: &str| report["figures"][key]["median"].as_f64();
+    let cell = |prefix: &str, instances: usize, n: usize| {
+        let key = |what: &str| format!("{prefix}.in_flight.i{instances}.n{n}.{what}");
+        match (median(&key("wall_s")), median(&key("direct_s"))) {
+            (Some(wall), Some(direct)) => format!("{wall:.2} s (system alone {direct:.2} s)"),
+            _ => "not measured".to_owned(),
+        }
+    };
+    let rss = |prefix: &str| {
+        median(&format!("{prefix}.in_flight.i1.n1000.peak_rss_mib"))
+            .map_or_else(|| "not measured".to_owned(), |mib| format!("{mib:.0} MiB"))
+    };
+    let mut out = String::new();
+    out.push_str("| runs at once, one call each that its system answers after 1 s | SQLite | PostgreSQL | target |\n");
+    out.push_str("|---|---|---|---|\n");
+    for (n, target) in [(1, ""), (200, "≤ 1.5 s"), (1000, "≤ 2.5 s")] {
+        out.push_str(&format!(
+            "| {}, one instance | {} | {} | {target} |\n",
+            thousands(n),
+            cell("sqlite", 1, n),
+            cell("postgres", 1, n)
+        ));
+    }
+    out.push_str(&format!(
+        "| peak RSS of the instance at 1,000 | {} | {} | ≤ 256 MiB |\n",
+        rss("sqlite"),
+        rss("postgres")
+    ));
+    out.push_str(&format!(
+        "| {}, three instances on one database | (one process per file) | {} | ≤ 3 s |\n",
+        thousands(THREE_INSTANCES),
+        cell("postgres", 3, THREE_INSTANCES)
+    ));
+    let note = report["notes"]["postgres.in_flight"].as_str().unwrap_or("");
+    out.push_str(&format!(
+        "\nMeasured {} ({} build, {} rounds, medians; {} cores; PostgreSQL: {note}).\n",
+        report["date"]
+            .as_str()
+            .unwrap_or("?")
+            .get(..10)
+            .unwrap_or("?"),
+        report["build"].as_str().unwrap_or("?"),
+        report["rounds"],
+        report["machine"]["cores"],
+    ));
+    out
+}
+
+fn thousands(n: usize) -> String {
+    if n >= 1000 {
+        format!("{},{:03}", n / 1000, n % 1000)
+    } else {
+        n.to_string()
+    }
+}

@@ -235,6 +235,15 @@ impl BackendBench {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(path) = &args.in_flight_table {
+        let report: Value = serde_json::from_str(
+            &std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?,
+        )
+        .with_context(|| format!("{} is not a benchmark report", path.display()))?;
+        print!("{}", in_flight::markdown(&report));
+        return Ok(());
+    }
     if args.in_flight {
         return run_in_flight(args).await;
     }
@@ -276,6 +285,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         eprintln!("bench: wrote {}", path.display());
     }
     Ok(())
+}
+
+/// The README's in-flight table from a `bench --in-flight --json` report.
+pub fn in_flight_table(report: &Value) -> String {
+    in_flight::markdown(report)
 }
 
 /// Where the benchmark's databases go, per `--backend`.

@@ -304,7 +304,7 @@ impl Drop for LeaseClaim {
         let (pool, released) = (self.pool.clone(), self.released.clone());
         runtime.spawn(async move {
             let sql = format!(
-                "UPDATE runs SET lease_owner = NULL, lease_until = NULL \
+                "{LAZY_COMMIT} UPDATE runs SET lease_owner = NULL, lease_until = NULL \
                  WHERE id = '{run_id}' AND lease_owner = '{token}'"
             );
             if let Err(err) = sqlx::raw_sql(&sql).execute(&pool).await {
@@ -334,7 +334,7 @@ impl Drop for PendingLease {
             return;
         };
         let sql = format!(
-            "UPDATE runs SET lease_owner = NULL, lease_until = NULL \
+            "{LAZY_COMMIT} UPDATE runs SET lease_owner = NULL, lease_until = NULL \
              WHERE id = '{}' AND lease_owner = '{}'",
             self.run_id, self.token
         );
@@ -343,6 +343,13 @@ impl Drop for PendingLease {
         });
     }
 }
+
+/// Taking and giving back a lease commit without waiting for the WAL flush
+/// (for their own implicit transaction only). A lease lost to a database
+/// crash costs nothing: the WAL is written in order, so the step's durable
+/// intent, the first write that matters, flushes the lease before it; and a
+/// lost release only makes the next holder wait for the lease to run out.
+const LAZY_COMMIT: &str = "SELECT set_config('synchronous_commit', 'off', true) AS lazy_commit;";
 
 /// A claim on a run that does not exist: nothing to serialise.
 struct NoRun;
@@ -376,7 +383,7 @@ impl PostgresStore {
     }
 
     /// Takes the run's lease and reads the run, its unsettled steps and its
-    /// steps owed to the agent, in one round trip: four statements sent as
+    /// steps owed to the agent, in one round trip: five statements sent as
     /// one simple query (no prepared statement, so a transaction pooler
     /// keeps them together). Each statement takes its own snapshot after
     /// the one before it, so the reads see every commit of the lease's
@@ -404,7 +411,8 @@ impl PostgresStore {
                 .map(|t| format!(" OR lease_owner = '{t}'"))
                 .unwrap_or_default();
             let batch = format!(
-                "UPDATE runs SET lease_owner = '{token}',
+                "{LAZY_COMMIT}
+                 UPDATE runs SET lease_owner = '{token}',
                      lease_until = clock_timestamp() + interval '{lease_ms} milliseconds'
                  WHERE id = '{id}' AND (lease_owner IS NULL OR lease_until < clock_timestamp(){handover})
                  RETURNING lease_owner AS leased_to;
