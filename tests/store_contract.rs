@@ -1566,6 +1566,82 @@ async fn postgres_a_run_claim_holds_no_database_connection() {
     }
 }
 
+/// A server restart breaks every pooled connection. The next statements
+/// of a step (the claim, the intent, the outcome) each find out and are
+/// sent again on a fresh connection: the caller sees no error, and the
+/// pool does not hand out the other broken connections one by one.
+#[tokio::test]
+async fn postgres_connections_broken_by_a_restart_cost_a_retried_statement_not_an_error() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let store = saga_harness::store::open(&db.url)
+        .await
+        .unwrap()
+        .saga_store();
+    let actor = agent();
+    // Several connections in the pool, all idle.
+    let runs = futures::future::try_join_all((0..8).map(|i| {
+        let store = store.clone();
+        async move {
+            store
+                .create_run(NewRun {
+                    agent: "bot".into(),
+                    label: Some(format!("r{i}")),
+                    purpose: String::new(),
+                })
+                .await
+        }
+    }))
+    .await
+    .unwrap();
+    // What a restart does to them: every session of this database ends.
+    let observer = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(&observer)
+    .await
+    .unwrap();
+    assert!(
+        ended.len() >= 2,
+        "the pool held {} connections",
+        ended.len()
+    );
+    for (run, _) in &runs {
+        let claimed = store
+            .claim_and_read(run.id)
+            .await
+            .expect("the claim after a restart");
+        store
+            .record_step(
+                step(
+                    run,
+                    0,
+                    "jira.create",
+                    ToolClass::Compensatable,
+                    StepStatus::Intended,
+                ),
+                &actor,
+            )
+            .await
+            .expect("the intent after a restart");
+        store
+            .settle_step(
+                run.id,
+                0,
+                Outcome::moving(StepStatus::Intended, StepStatus::Confirmed),
+                Durability::Lazy,
+                &actor,
+            )
+            .await
+            .expect("the outcome after a restart");
+        drop(claimed);
+    }
+}
+
 /// A holder that died leaves its lease in the row. Another instance waits
 /// for it to run out (never takes a live one), then takes the run; one
 /// that cannot wait that long is told the run is busy.

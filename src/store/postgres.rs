@@ -307,8 +307,12 @@ impl Drop for LeaseClaim {
                 "{LAZY_COMMIT} UPDATE runs SET lease_owner = NULL, lease_until = NULL \
                  WHERE id = '{run_id}' AND lease_owner = '{token}'"
             );
-            if let Err(err) = sqlx::raw_sql(&sql).execute(&pool).await {
-                tracing::warn!(%run_id, %err, "a run's lease was not released; it runs out on its own");
+            match sqlx::raw_sql(&sql).execute(&pool).await {
+                // A store closing gives nothing back; the lease runs out.
+                Ok(_) | Err(sqlx::Error::PoolClosed) => {}
+                Err(err) => {
+                    tracing::warn!(%run_id, %err, "a run's lease was not released; it runs out on its own")
+                }
             }
             let mut released = released.lock().unwrap_or_else(|p| p.into_inner());
             if released.get(&run_id) == Some(&token) {
@@ -382,13 +386,15 @@ impl PostgresStore {
             .await
     }
 
-    /// Takes the run's lease and reads the run, its unsettled steps and its
-    /// steps owed to the agent, in one round trip: five statements sent as
-    /// one simple query (no prepared statement, so a transaction pooler
-    /// keeps them together). Each statement takes its own snapshot after
-    /// the one before it, so the reads see every commit of the lease's
-    /// previous holder. The values in the text are a UUID, a hex token and
-    /// a number, all made here.
+    /// Takes the run's lease and reads the run (the row the lease was
+    /// written to), its unsettled steps and its steps owed to the agent, in
+    /// one round trip: three statements sent as one simple query (no
+    /// prepared statement, so a transaction pooler keeps them together).
+    /// The steps' read takes its own snapshot after the lease's statement
+    /// ended, so it sees every commit of the lease's previous holder (one
+    /// statement reading and writing would read from a snapshot taken
+    /// before any wait for the row). The values in the text are a UUID, a
+    /// hex token and a number, all made here.
     ///
     /// A lease held by another holder is waited for (polling, backing off)
     /// up to `wait`, then refused as `RunBusy`.
@@ -415,10 +421,12 @@ impl PostgresStore {
                  UPDATE runs SET lease_owner = '{token}',
                      lease_until = clock_timestamp() + interval '{lease_ms} milliseconds'
                  WHERE id = '{id}' AND (lease_owner IS NULL OR lease_until < clock_timestamp(){handover})
-                 RETURNING lease_owner AS leased_to;
-                 SELECT * FROM runs WHERE id = '{id}';
-                 SELECT * FROM saga_log WHERE run_id = '{id}' AND status IN {unsettled} ORDER BY step_idx;
-                 SELECT * FROM saga_log WHERE run_id = '{id}' AND owed_to_agent AND status NOT IN {unsettled}",
+                 RETURNING *;
+                 SELECT * FROM saga_log WHERE run_id = '{id}' AND status IN {unsettled}
+                 UNION ALL
+                 SELECT * FROM saga_log WHERE run_id = '{id}' AND owed_to_agent
+                     AND status NOT IN {unsettled}
+                 ORDER BY step_idx",
                 unsettled = crate::store::sql::unsettled_sql!()
             );
             let mut pending = PendingLease {
@@ -427,20 +435,22 @@ impl PostgresStore {
                 pool: Some(self.pool.clone()),
             };
             let rows = self.simple_query(&batch).await?;
-            let leased = rows.iter().any(|row| row.try_column("leased_to").is_ok());
+            pending.pool = None;
+            // The run's row comes back only with the lease.
             let read = run_and_unsettled(&rows)?;
-            if leased {
-                pending.pool = None;
+            if read.run.is_some() {
                 return Ok(crate::saga::store::ClaimedRun {
                     claim: Box::new(self.lease_claim(run_id, token)),
                     read,
                 });
             }
-            pending.pool = None;
-            if read.run.is_none() {
+            let exists = self
+                .simple_query(&format!("SELECT 1 AS found FROM runs WHERE id = '{id}'"))
+                .await?;
+            if exists.is_empty() {
                 return Ok(crate::saga::store::ClaimedRun {
                     claim: Box::new(NoRun),
-                    read,
+                    read: Default::default(),
                 });
             }
             if tokio::time::Instant::now() >= deadline {
