@@ -29,6 +29,8 @@ pub mod demo;
 #[cfg(feature = "ssr")]
 pub mod failpoint;
 #[cfg(feature = "ssr")]
+pub mod mcp;
+#[cfg(feature = "ssr")]
 pub mod server;
 #[cfg(feature = "ssr")]
 pub mod serving;

@@ -339,6 +339,7 @@ async fn router(
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .merge(crate::api::router())
+        .merge(crate::mcp::router(&state))
         .route(ui::LIVE_PATH, get(live_changes))
         .leptos_routes_with_context(&state, routes, || {}, {
             let options = state.leptos_options.clone();
@@ -429,6 +430,8 @@ fn is_public(path: &str) -> bool {
         || path == "/favicon.svg"
         || path.starts_with("/pkg/")
         || path.starts_with("/api/")
+        || path == "/mcp"
+        || path.starts_with("/mcp/")
 }
 
 /// Server functions read their whole body: cap it before they do.

@@ -1,0 +1,453 @@
+//! The MCP gateway: any agent that speaks the Model Context Protocol gets
+//! the harness's protection without a line of its code changed.
+//!
+//! `/mcp` (streamable HTTP, the official Rust SDK) lists the tools file's
+//! agent-callable tools and runs each call through the engine, exactly as
+//! `/api/v1/runs/{run}/calls` does. An MCP client sends no step and names
+//! no run in its calls, so:
+//!
+//! - **The run** is named once, in the client's server configuration: the
+//!   header `X-Saga-Run: <label>` on `/mcp`, or the path
+//!   `/mcp/runs/<label>` for clients that cannot set headers. It is created
+//!   on first use, with the same per-agent label idempotency as
+//!   `POST /api/v1/runs`.
+//! - **The step** is the gateway's to choose (the cursor rule): a call of
+//!   tool T goes to the oldest step of T in the run whose last answer was
+//!   not final (unknown, not executed, awaiting approval), so a retry,
+//!   reworded or not, reads that step's recorded or reconciled outcome and
+//!   never makes a second effect. Otherwise it is a new step.
+//!
+//! The pure tool `saga_run` gives the model the run's log, so a resumed
+//! agent rebuilds its context from the log, not from its transcript.
+
+use crate::saga::class::ToolClass;
+use crate::saga::engine::{CallOutcome, Engine, OutcomeKind, Refusal};
+use crate::saga::model::NewRun;
+use crate::saga::registry::{Registry, ToolSpec};
+use crate::saga::store::SagaStore;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// The header that names the run on `/mcp`.
+pub const RUN_HEADER: &str = "x-saga-run";
+
+/// The pure tool that reads the run's log.
+pub const RUN_TOOL: &str = "saga_run";
+
+/// The agent an MCP request was authenticated as (set by the router's
+/// bearer check before the request reaches the gateway).
+#[derive(Clone, Debug)]
+pub struct McpAgent(pub String);
+
+/// The run label from `/mcp/runs/<label>`.
+#[derive(Clone, Debug)]
+pub struct PathRun(pub String);
+
+/// One gateway per MCP session; all share the engine.
+#[derive(Clone)]
+pub struct Gateway {
+    engine: Arc<Engine>,
+    registry: Arc<Registry>,
+    tools: Arc<Vec<Tool>>,
+}
+
+impl Gateway {
+    pub fn new(engine: Arc<Engine>, registry: Arc<Registry>) -> Gateway {
+        let mut tools: Vec<Tool> = registry
+            .tools()
+            .filter(|spec| !spec.way_back_only && !spec.gated)
+            .map(tool_of)
+            .collect();
+        tools.push(run_tool());
+        Gateway {
+            engine,
+            registry,
+            tools: Arc::new(tools),
+        }
+    }
+
+    fn store(&self) -> &Arc<dyn SagaStore> {
+        self.engine.store()
+    }
+
+    /// The agent and the run label of this request.
+    fn caller(ctx: &RequestContext<RoleServer>) -> Result<(String, Option<String>), McpError> {
+        let parts = ctx.extensions.get::<axum::http::request::Parts>();
+        let agent = parts
+            .and_then(|p| p.extensions.get::<McpAgent>())
+            .map(|a| a.0.clone())
+            .ok_or_else(|| McpError::invalid_request("no agent: send a bearer token", None))?;
+        let label = parts.and_then(|p| {
+            p.extensions
+                .get::<PathRun>()
+                .map(|r| r.0.clone())
+                .or_else(|| {
+                    p.headers
+                        .get(RUN_HEADER)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::trim)
+                        .filter(|v| !v.is_empty())
+                        .map(str::to_owned)
+                })
+        });
+        Ok((agent, label))
+    }
+
+    /// The run this client named, created on first use.
+    async fn run_of(&self, agent: &str, label: &str) -> Result<Uuid, String> {
+        if label.chars().count() > 200 {
+            return Err("the run label is longer than 200 characters".to_owned());
+        }
+        let (run, _) = self
+            .store()
+            .create_run(NewRun {
+                agent: agent.to_owned(),
+                label: Some(label.to_owned()),
+                purpose: format!("MCP client run {label:?}"),
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(run.id)
+    }
+
+    /// The cursor rule: the oldest step of `tool` still owed to the agent,
+    /// else the run's next step.
+    async fn step_for(&self, run_id: Uuid, tool: &str) -> Result<i64, String> {
+        let steps = self
+            .store()
+            .steps(run_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        let owed = steps
+            .iter()
+            .filter(|s| s.tool == tool && s.owed_to_agent)
+            .map(|s| s.step_idx)
+            .min();
+        let next = self
+            .store()
+            .run(run_id)
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|r| r.next_step)
+            .ok_or_else(|| "the run is gone".to_owned())?;
+        Ok(owed.unwrap_or(next))
+    }
+
+    async fn call(&self, agent: &str, label: &str, tool: &str, args: Value) -> CallToolResult {
+        let run_id = match self.run_of(agent, label).await {
+            Ok(id) => id,
+            Err(why) => return refused(&why),
+        };
+        if tool == RUN_TOOL {
+            return self.run_log(agent, run_id).await;
+        }
+        let Some(spec) = self.registry.get(tool) else {
+            return refused(&format!("no tool named {tool:?}"));
+        };
+        let step = if spec.class == ToolClass::Pure {
+            None
+        } else {
+            match self.step_for(run_id, tool).await {
+                Ok(step) => Some(step),
+                Err(why) => return refused(&why),
+            }
+        };
+        match self
+            .engine
+            .call_with(agent, run_id, tool, args, step, false)
+            .await
+        {
+            Ok(outcome) => answer(tool, &outcome),
+            Err(refusal) => refused(&refusal_words(&refusal)),
+        }
+    }
+
+    /// `saga_run`: the run's log, for a model.
+    async fn run_log(&self, agent: &str, run_id: Uuid) -> CallToolResult {
+        let (run, steps, cursor) = match self.engine.agents_view(agent, run_id).await {
+            Ok(view) => view,
+            Err(refusal) => return refused(&refusal_words(&refusal)),
+        };
+        let mut lines = vec![format!(
+            "Run {:?} ({}), {} step(s) logged.",
+            run.label.clone().unwrap_or_default(),
+            run.status,
+            steps.len()
+        )];
+        let mut logged = Vec::new();
+        for step in &steps {
+            let outcome = OutcomeKind::of(step.status);
+            let mut line = format!(
+                "step {}: {} — {}",
+                step.step_idx,
+                step.tool,
+                outcome.as_str()
+            );
+            if let Some(reference) = &step.external_ref {
+                line.push_str(&format!(" ({reference})"));
+            }
+            if step.owed_to_agent {
+                line.push_str(&format!(
+                    "; not final yet: call {} again to read its outcome",
+                    step.tool
+                ));
+            }
+            lines.push(line);
+            logged.push(json!({
+                "step": step.step_idx,
+                "tool": step.tool,
+                "outcome": outcome.as_str(),
+                "external_ref": step.external_ref,
+                "args": step.args,
+                "result": step.result,
+                "error": step.error,
+            }));
+        }
+        let structured = json!({
+            "run": {"id": run.id, "label": run.label, "status": run.status.as_str()},
+            "steps": logged,
+            "next_step": cursor.next_step,
+        });
+        result(lines.join("\n"), Some(structured), false)
+    }
+}
+
+impl ServerHandler for Gateway {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                "saga-harness",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(
+                "Every tool with side effects runs through a write-ahead saga log: each call is \
+                 recorded before it is sent, keyed so that it never happens twice. If a call's \
+                 outcome is unknown, call the same tool again (reworded or not): you get the \
+                 recorded outcome, never a second effect. Call saga_run to read what this run \
+                 has done so far.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items((*self.tools).clone()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools.iter().find(|t| t.name == name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let (agent, label) = Self::caller(&ctx)?;
+        if self.get_tool(&request.name).is_none() {
+            return Err(McpError::invalid_params(
+                format!("no tool named {:?}", request.name),
+                None,
+            ));
+        }
+        let Some(label) = label else {
+            return Ok(refused(
+                "this MCP server does not know which run you are in: configure the client with \
+                 the header X-Saga-Run: <label>, or the URL /mcp/runs/<label>",
+            )
+            .into());
+        };
+        let args = Value::Object(request.arguments.unwrap_or_default());
+        Ok(self.call(&agent, &label, &request.name, args).await.into())
+    }
+}
+
+/// A registry tool as MCP lists it: annotations from its class.
+fn tool_of(spec: &ToolSpec) -> Tool {
+    let what = match spec.class {
+        ToolClass::Pure => "Reads only; no side effect.",
+        ToolClass::Reversible => "Has a side effect the harness can undo.",
+        ToolClass::Compensatable => "Has a side effect the harness can compensate.",
+        ToolClass::Irreversible => {
+            "Has a side effect that cannot be taken back: it waits for a person's approval."
+        }
+    };
+    let description = match &spec.display {
+        Some(display) => format!("{display}. {what}"),
+        None => format!("{}. {what}", spec.name),
+    };
+    let pure = spec.class == ToolClass::Pure;
+    let annotations = ToolAnnotations::new()
+        .read_only(pure)
+        .destructive(spec.class == ToolClass::Irreversible)
+        .idempotent(!pure)
+        .open_world(true);
+    Tool::new(spec.name.clone(), description, Arc::new(open_object())).with_annotations(annotations)
+}
+
+fn run_tool() -> Tool {
+    Tool::new(
+        RUN_TOOL,
+        "This run's saga log: every step so far, its outcome and its external reference, and \
+         which steps have no final outcome yet. Read it when you resume.",
+        Arc::new(open_object()),
+    )
+    .with_annotations(
+        ToolAnnotations::new()
+            .read_only(true)
+            .destructive(false)
+            .idempotent(true)
+            .open_world(false),
+    )
+}
+
+fn open_object() -> JsonObject {
+    let Value::Object(schema) = json!({"type": "object"}) else {
+        unreachable!("a JSON object literal")
+    };
+    schema
+}
+
+/// The engine's answer, as the model reads it. The structured content is
+/// the same object `/api/v1` answers with.
+fn answer(tool: &str, outcome: &CallOutcome) -> CallToolResult {
+    let words = match outcome.outcome {
+        OutcomeKind::Confirmed => "done".to_owned(),
+        OutcomeKind::Failed => format!(
+            "the system refused this call; nothing happened: {}. Change course rather than \
+             retrying it",
+            outcome.error.clone().unwrap_or_default()
+        ),
+        OutcomeKind::Unknown => format!(
+            "the outcome is unknown and may have happened. Do not assume it failed and do not \
+             make another call with new arguments: call {tool} again, reworded or not, to read \
+             its outcome (the harness maps it to the same step)"
+        ),
+        OutcomeKind::NotExecuted => {
+            format!("nothing happened; call {tool} again to try it once more under the same key")
+        }
+        OutcomeKind::AwaitingApproval => format!(
+            "held for a person's approval; nothing was sent. Call {tool} again later to read \
+             the decision"
+        ),
+        OutcomeKind::Rejected => {
+            "a person rejected this call; it was not sent. Go on without it".to_owned()
+        }
+    };
+    let mut text = format!("{}: {words}", outcome.outcome.as_str());
+    if let Some(reference) = &outcome.external_ref {
+        text.push_str(&format!(" (reference {reference})"));
+    }
+    let structured = serde_json::to_value(outcome).unwrap_or(Value::Null);
+    let final_no = matches!(outcome.outcome, OutcomeKind::Failed | OutcomeKind::Rejected);
+    result(text, Some(structured), final_no)
+}
+
+/// Words for the model, and the same as data.
+fn result(text: String, structured: Option<Value>, is_error: bool) -> CallToolResult {
+    let content = vec![ContentBlock::text(text)];
+    let mut result = if is_error {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    };
+    result.structured_content = structured;
+    result
+}
+
+/// A call the harness would not make, told to the model as a tool error.
+fn refused(why: &str) -> CallToolResult {
+    result(format!("refused: {why}"), None, true)
+}
+
+fn refusal_words(refusal: &Refusal) -> String {
+    match refusal {
+        // The gateway owns the cursor: say what the model can do instead.
+        Refusal::StepUnresolved {
+            waiting_for_person, ..
+        } => {
+            if *waiting_for_person {
+                "an earlier call of this run waits for a person's approval; nothing new runs \
+                 until it is decided"
+                    .to_owned()
+            } else {
+                "an earlier call of this run has no final outcome yet; call that tool again to \
+                 read it before anything new"
+                    .to_owned()
+            }
+        }
+        other => other.to_string(),
+    }
+}
+
+/// `/mcp` and `/mcp/runs/{label}`, each behind the agent's bearer token.
+pub fn router(state: &crate::server::AppState) -> axum::Router<crate::server::AppState> {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+    let gateway = Gateway::new(state.engine.clone(), state.registry.clone());
+    let service = StreamableHttpService::new(
+        move || Ok(gateway.clone()),
+        LocalSessionManager::default().into(),
+        // Every request carries an agent's bearer token, which a page in a
+        // browser cannot borrow: the host check against DNS rebinding is
+        // not what protects this endpoint.
+        StreamableHttpServerConfig::default().disable_allowed_hosts(),
+    );
+    axum::Router::new()
+        .route_service("/mcp", service.clone())
+        .route_service("/mcp/runs/{label}", service)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ))
+}
+
+/// The bearer check in front of the gateway, and the run label from the
+/// path, both handed to the gateway in the request's extensions.
+async fn authenticate(
+    axum::extract::State(state): axum::extract::State<crate::server::AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::extract::FromRequestParts as _;
+    use axum::response::IntoResponse as _;
+    let (mut parts, body) = request.into_parts();
+    let agent = match crate::api::Agent::from_request_parts(&mut parts, &state).await {
+        Ok(agent) => agent.0,
+        Err(refused) => {
+            let mut response = refused.into_response();
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+            return response;
+        }
+    };
+    parts.extensions.insert(McpAgent(agent));
+    if let Some(raw) = parts.uri.path().strip_prefix("/mcp/runs/") {
+        match percent_encoding::percent_decode_str(raw).decode_utf8() {
+            Ok(label) if !label.trim().is_empty() => {
+                parts.extensions.insert(PathRun(label.trim().to_owned()));
+            }
+            _ => {
+                return (
+                    axum::http::StatusCode::BAD_REQUEST,
+                    "the run label in /mcp/runs/<label> must be UTF-8 text",
+                )
+                    .into_response()
+            }
+        }
+    }
+    next.run(axum::extract::Request::from_parts(parts, body))
+        .await
+}
