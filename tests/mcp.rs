@@ -272,3 +272,95 @@ async fn postgres_mcp_a_retry_after_a_504_reads_the_outcome_not_a_second_effect(
     assert_eq!(h.sims.warehouse.ledger().of("shipment.created").len(), 1);
     client.cancel().await.unwrap();
 }
+
+/// Each tool's schema from the tools file is what agents are shown (the
+/// API's tool list and MCP's), and a new call whose arguments do not fit
+/// it is refused naming the argument, before anything is logged or sent.
+#[tokio::test]
+async fn a_tools_argument_schema_is_served_and_every_new_call_is_checked_against_it() {
+    let h = start(common::sqlite()).await;
+    let http = reqwest::Client::new();
+    let listed: Value = http
+        .get(format!("{}/api/v1/tools", h.base))
+        .bearer_auth(&h.token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let reship_schema = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "reship")
+        .unwrap()["schema"]
+        .clone();
+    assert_eq!(reship_schema["required"], json!(["order_id", "items"]));
+    let client = client(&format!("{}/mcp", h.base), &h.token, Some("schemas")).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let over_mcp = tools.iter().find(|t| t.name == "reship").unwrap();
+    assert_eq!(
+        Value::Object((*over_mcp.input_schema).clone()),
+        reship_schema
+    );
+    // Over the API: 422 naming the argument, and no step taken.
+    let created: Value = http
+        .post(format!("{}/api/v1/runs", h.base))
+        .bearer_auth(&h.token)
+        .json(&json!({"label": "schemas"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let run = created["run"]["id"].as_str().unwrap();
+    let response = http
+        .post(format!("{}/api/v1/runs/{run}/calls", h.base))
+        .bearer_auth(&h.token)
+        .json(&json!({"tool": "reship", "step": 0, "args": {"order_id": "ord_1002", "items": "LAMP-7"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 422);
+    let refused: Value = response.json().await.unwrap();
+    assert_eq!(refused["code"], "invalid_args", "{refused}");
+    assert!(
+        refused["message"].as_str().unwrap().contains("`items`"),
+        "{refused}"
+    );
+    let missing = http
+        .post(format!("{}/api/v1/runs/{run}/calls", h.base))
+        .bearer_auth(&h.token)
+        .json(&json!({"tool": "reship", "step": 0, "args": {"items": ["LAMP-7"]}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 422);
+    let missing: Value = missing.json().await.unwrap();
+    assert!(
+        missing["message"].as_str().unwrap().contains("`order_id`"),
+        "{missing}"
+    );
+    // Over MCP: a tool error naming the argument.
+    let refused = call(&client, "reship", json!({"order_id": "ord_1002"})).await;
+    assert_eq!(refused.is_error, Some(true));
+    assert!(
+        format!("{:?}", refused.content).contains("`items`"),
+        "{:?}",
+        refused.content
+    );
+    let view: Value = http
+        .get(format!("{}/api/v1/runs/{run}", h.base))
+        .bearer_auth(&h.token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["steps"].as_array().unwrap().len(), 0, "{view}");
+    assert!(h.sims.warehouse.ledger().of("shipment.created").is_empty());
+    client.cancel().await.unwrap();
+}

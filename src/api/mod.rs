@@ -178,9 +178,10 @@ impl From<Refusal> for ApiError {
     fn from(refusal: Refusal) -> Self {
         let status = match &refusal {
             Refusal::RunNotFound => StatusCode::NOT_FOUND,
-            Refusal::UnknownTool(_) | Refusal::StepRequired { .. } | Refusal::InvalidPlan(_) => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
+            Refusal::UnknownTool(_)
+            | Refusal::StepRequired { .. }
+            | Refusal::InvalidPlan(_)
+            | Refusal::InvalidArgs { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Refusal::GatedTool(_) | Refusal::WayBackOnly(_) => StatusCode::FORBIDDEN,
             Refusal::StepMismatch { .. }
             | Refusal::StepOutOfOrder { .. }
@@ -652,6 +653,7 @@ async fn tools(State(state): State<AppState>, Agent(_): Agent) -> Json<ToolList>
             gated: spec.gated,
             way_back_only: spec.way_back_only,
             needs_step: spec.class != crate::saga::class::ToolClass::Pure,
+            schema: spec.schema.clone(),
         })
         .collect();
     Json(ToolList { tools })
@@ -674,6 +676,10 @@ struct ToolView {
     way_back_only: bool,
     /// Whether calls must name a step (every tool with an effect).
     needs_step: bool,
+    /// The JSON Schema every new call's `args` are checked against (422
+    /// `invalid_args`, naming the argument); none: any object.
+    #[schema(value_type = Option<Object>)]
+    schema: Option<Value>,
 }
 
 /// How often the event stream looks for new events. Polling the audit

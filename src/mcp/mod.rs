@@ -292,7 +292,11 @@ fn tool_of(spec: &ToolSpec) -> Tool {
         .destructive(spec.class == ToolClass::Irreversible)
         .idempotent(!pure)
         .open_world(true);
-    Tool::new(spec.name.clone(), description, Arc::new(open_object())).with_annotations(annotations)
+    let schema = match &spec.schema {
+        Some(Value::Object(schema)) => schema.clone(),
+        _ => open_object(),
+    };
+    Tool::new(spec.name.clone(), description, Arc::new(schema)).with_annotations(annotations)
 }
 
 fn run_tool() -> Tool {

@@ -154,6 +154,12 @@ pub enum Refusal {
     WayBackOnly(String),
     #[error("the pivot plan is refused: {0}")]
     InvalidPlan(String),
+    /// The arguments do not fit the tool's schema; nothing was logged.
+    #[error("{tool}: {mistake}")]
+    InvalidArgs {
+        tool: String,
+        mistake: super::registry::ArgsMistake,
+    },
     #[error("the run still has open effects: {0}")]
     RunHasOpenEffects(String),
     #[error(transparent)]
@@ -176,6 +182,7 @@ impl Refusal {
             Refusal::GatedTool(_) => "gated_tool",
             Refusal::WayBackOnly(_) => "way_back_only",
             Refusal::InvalidPlan(_) => "invalid_plan",
+            Refusal::InvalidArgs { .. } => "invalid_args",
             Refusal::RunHasOpenEffects(_) => "run_has_open_effects",
             Refusal::Store(_) => "internal",
         }
@@ -355,6 +362,16 @@ impl Engine {
         self.locks().len()
     }
 
+    /// The arguments against the tool's schema.
+    pub(crate) fn check_args(&self, tool: &str, args: &Value) -> Result<(), Refusal> {
+        self.registry
+            .check_args(tool, args)
+            .map_err(|mistake| Refusal::InvalidArgs {
+                tool: tool.to_owned(),
+                mistake,
+            })
+    }
+
     pub(crate) fn spec(&self, tool: &str) -> Result<&ToolSpec, Refusal> {
         self.registry
             .get(tool)
@@ -407,6 +424,7 @@ impl Engine {
         }
         let owed_steps = || owed.iter().map(|s| s.step_idx);
         if spec.class == ToolClass::Pure {
+            self.check_args(tool, &args)?;
             let cursor = Cursor::of(run.next_step, owed_steps());
             return self.call_pure(cursor, spec, &args).await;
         }
@@ -455,6 +473,9 @@ impl Engine {
             RunStatus::Committing | RunStatus::Completed => return Err(Refusal::RunPastPivot),
             status => return Err(Refusal::RunClosed { status }),
         }
+        // A new step's arguments must fit the tool's schema. (A re-sent
+        // step is not checked: its logged arguments win.)
+        self.check_args(tool, &args)?;
         // R12: a new step of a tool whose earlier step the agent has not
         // been given the final outcome of is most likely that step again,
         // reworded; it is refused unless the agent says it is a new effect.

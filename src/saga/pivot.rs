@@ -72,6 +72,9 @@ impl Engine {
                     call.tool
                 )));
             }
+            self.check_args(&call.tool, &call.args).map_err(|refusal| {
+                Refusal::InvalidPlan(format!("commit step {} ({refusal})", i + 1))
+            })?;
             let step = run.next_step + i as i64;
             let key = step_key(run_id, step, &call.tool);
             let way_back = spec.way_back(&key, &call.args).map_err(|reason| {

@@ -6,6 +6,7 @@ use super::class::{Audience, ToolClass};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 /// A call that reverses or compensates a step, written before the step runs
 /// (R6). Its arguments are a template that may refer to `{key}` (the step's
@@ -104,6 +105,11 @@ pub struct ToolSpec {
     /// How long to wait before looking a key up a second time (R7).
     #[serde(default = "default_settle_ms")]
     pub settle_ms: u64,
+    /// A JSON Schema (draft 2020-12) of the call's arguments, an object
+    /// schema: served to agents (`GET /api/v1/tools`, MCP `tools/list`),
+    /// and every new call is checked against it before anything is logged.
+    #[serde(default)]
+    pub schema: Option<serde_json::Value>,
     /// The call as a sentence for the person who decides on it, with
     /// `{args.FIELD}` and `{args.FIELD|money}` (`|recipients`, `|short`)
     /// placeholders: "Capture {args.amount|money} from the hold".
@@ -328,6 +334,79 @@ fn default_settle_ms() -> u64 {
     2000
 }
 
+/// Compiled argument schemas, by tool.
+#[derive(Clone, Default)]
+struct ArgsSchemas(BTreeMap<String, Arc<jsonschema::Validator>>);
+
+impl PartialEq for ArgsSchemas {
+    /// Compiled from the tools' `schema` fields, which `Registry` compares.
+    fn eq(&self, other: &Self) -> bool {
+        self.0.keys().eq(other.0.keys())
+    }
+}
+
+impl fmt::Debug for ArgsSchemas {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.0.keys()).finish()
+    }
+}
+
+/// A schema for a tool's arguments, compiled: it must describe an object.
+fn compile_schema(schema: &serde_json::Value) -> Result<jsonschema::Validator, String> {
+    if schema.get("type").and_then(|t| t.as_str()) != Some("object") {
+        return Err(
+            "must be a JSON Schema with `type = \"object\"`: a call's arguments are an object"
+                .into(),
+        );
+    }
+    jsonschema::validator_for(schema).map_err(|e| format!("not a valid JSON Schema: {e}"))
+}
+
+/// Why a call's arguments do not fit the tool's schema, naming the argument.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArgsMistake {
+    /// The argument, as a path (`items.0`); the missing one for `required`.
+    pub field: String,
+    pub problem: String,
+}
+
+impl ArgsMistake {
+    fn of(error: &jsonschema::ValidationError<'_>) -> ArgsMistake {
+        let path = error
+            .instance_path()
+            .as_str()
+            .trim_start_matches('/')
+            .replace('/', ".");
+        let field = match error.kind() {
+            jsonschema::error::ValidationErrorKind::Required { property } => {
+                let missing = property
+                    .as_str()
+                    .map_or_else(|| property.to_string(), str::to_owned);
+                if path.is_empty() {
+                    missing
+                } else {
+                    format!("{path}.{missing}")
+                }
+            }
+            _ => path,
+        };
+        ArgsMistake {
+            field,
+            problem: error.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for ArgsMistake {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "the arguments: {}", self.problem)
+        } else {
+            write!(f, "argument `{}`: {}", self.field, self.problem)
+        }
+    }
+}
+
 /// One mistake in the tools file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegistryMistake {
@@ -370,6 +449,7 @@ struct ToolsFile {
 pub struct Registry {
     tools: BTreeMap<String, ToolSpec>,
     connectors: toml::Table,
+    schemas: ArgsSchemas,
 }
 
 impl Registry {
@@ -428,10 +508,25 @@ impl Registry {
                 }
             }
         }
+        let mut schemas = ArgsSchemas::default();
+        for spec in tools.values() {
+            let Some(schema) = &spec.schema else { continue };
+            match compile_schema(schema) {
+                Ok(validator) => {
+                    schemas.0.insert(spec.name.clone(), Arc::new(validator));
+                }
+                Err(problem) => mistakes.push(RegistryMistake {
+                    tool: spec.name.clone(),
+                    field: "schema",
+                    problem,
+                }),
+            }
+        }
         if mistakes.is_empty() {
             Ok(Registry {
                 tools,
                 connectors: file.connectors,
+                schemas,
             })
         } else {
             Err(RegistryError::Mistakes(mistakes))
@@ -440,6 +535,19 @@ impl Registry {
 
     pub fn get(&self, name: &str) -> Option<&ToolSpec> {
         self.tools.get(name)
+    }
+
+    /// Checks a call's arguments against the tool's schema; the first
+    /// mistake names the argument. A tool without a schema takes any
+    /// object.
+    pub fn check_args(&self, tool: &str, args: &serde_json::Value) -> Result<(), ArgsMistake> {
+        let Some(validator) = self.schemas.0.get(tool) else {
+            return Ok(());
+        };
+        match validator.iter_errors(args).next() {
+            None => Ok(()),
+            Some(error) => Err(ArgsMistake::of(&error)),
+        }
     }
 
     /// The `[connectors]` section of the tools file.
@@ -673,6 +781,46 @@ pub(crate) fn placeholders(text: &str) -> impl Iterator<Item = Result<Placeholde
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_tools_argument_schema_must_describe_an_object_and_compile() {
+        let file = |schema: &str| {
+            format!("[[tool]]\nname = \"look\"\nclass = \"pure\"\nconnector = \"x.look\"\n{schema}")
+        };
+        let Err(RegistryError::Mistakes(mistakes)) =
+            Registry::from_toml(&file("[tool.schema]\ntype = \"string\""))
+        else {
+            panic!("a non-object schema was accepted")
+        };
+        assert_eq!(mistakes[0].field, "schema");
+        assert!(
+            mistakes[0].problem.contains("object"),
+            "{}",
+            mistakes[0].problem
+        );
+        let Err(RegistryError::Mistakes(mistakes)) = Registry::from_toml(&file(
+            "[tool.schema]\ntype = \"object\"\n[tool.schema.properties]\nn = { type = \"no-such-type\" }",
+        )) else {
+            panic!("an invalid schema was accepted")
+        };
+        assert_eq!(mistakes[0].field, "schema");
+        let registry = Registry::from_toml(&file(
+            "[tool.schema]\ntype = \"object\"\nrequired = [\"q\"]\n[tool.schema.properties]\nq = { type = \"string\" }",
+        ))
+        .unwrap();
+        assert_eq!(
+            registry.check_args("look", &serde_json::json!({"q": "x"})),
+            Ok(())
+        );
+        let missing = registry
+            .check_args("look", &serde_json::json!({}))
+            .unwrap_err();
+        assert_eq!(missing.field, "q");
+        let wrong = registry
+            .check_args("look", &serde_json::json!({"q": 3}))
+            .unwrap_err();
+        assert_eq!(wrong.field, "q");
+    }
+
     use super::*;
 
     const GOOD: &str = r#"
