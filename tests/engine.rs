@@ -114,6 +114,56 @@ async fn r2_no_intended_row_no_call(s: Setup) {
     assert_eq!(*witness.violations.lock().unwrap(), Vec::<String>::new());
 }
 
+/// A client that names no step (the MCP gateway): a call of a tool goes to
+/// the oldest step of that tool still owed to the agent, so a reworded
+/// retry reads its outcome; another tool, or the same tool once its outcome
+/// was given, takes a new step.
+async fn r12_a_call_without_a_step_goes_to_the_tools_oldest_owed_step(s: Setup) {
+    let run = s.run().await;
+    s.world.fail_next("tickets.create", Fault::EffectThen504);
+    let first = s
+        .engine
+        .call_choosing_step(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "charged twice"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (first.outcome.clone(), first.step),
+        (OutcomeKind::Unknown, Some(0))
+    );
+    let retry = s
+        .engine
+        .call_choosing_step(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "double charge!!"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (retry.outcome.clone(), retry.step),
+        (OutcomeKind::Confirmed, Some(0))
+    );
+    assert_eq!(s.world.effects("tickets.create").len(), 1);
+    let next = s
+        .engine
+        .call_choosing_step(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "another"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!((next.outcome, next.step), (OutcomeKind::Confirmed, Some(1)));
+    assert_eq!(s.world.effects("tickets.create").len(), 2);
+}
+
 async fn r3_a_reworded_retry_gets_the_recorded_outcome_not_a_second_effect(s: Setup) {
     let run = s.run().await;
     s.world.fail_next("tickets.create", Fault::EffectThen504);
@@ -1897,6 +1947,7 @@ common::on_both_backends!(
     r2_pure_calls_take_no_step_and_write_nothing,
     r2_no_intended_row_no_call,
     r3_a_reworded_retry_gets_the_recorded_outcome_not_a_second_effect,
+    r12_a_call_without_a_step_goes_to_the_tools_oldest_owed_step,
     r4_not_executed_is_retried_under_the_same_key,
     r4_a_refusal_is_failed_and_final,
     r6_a_call_whose_way_back_cannot_be_built_waits_for_a_person,

@@ -33,6 +33,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -57,7 +58,12 @@ pub struct Gateway {
     engine: Arc<Engine>,
     registry: Arc<Registry>,
     tools: Arc<Vec<Tool>>,
+    /// Runs already named, by (agent, label), shared by every session.
+    runs: Arc<std::sync::Mutex<HashMap<(String, String), Uuid>>>,
 }
+
+/// How many named runs the gateway remembers before starting afresh.
+const KNOWN_RUNS: usize = 10_000;
 
 impl Gateway {
     pub fn new(engine: Arc<Engine>, registry: Arc<Registry>) -> Gateway {
@@ -71,6 +77,7 @@ impl Gateway {
             engine,
             registry,
             tools: Arc::new(tools),
+            runs: Default::default(),
         }
     }
 
@@ -101,10 +108,20 @@ impl Gateway {
         Ok((agent, label))
     }
 
-    /// The run this client named, created on first use.
+    /// The run this client named, created on first use (and remembered:
+    /// a run's label and agent never change).
     async fn run_of(&self, agent: &str, label: &str) -> Result<Uuid, String> {
         if label.chars().count() > 200 {
             return Err("the run label is longer than 200 characters".to_owned());
+        }
+        let named = (agent.to_owned(), label.to_owned());
+        if let Some(id) = self
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&named)
+        {
+            return Ok(*id);
         }
         let (run, _) = self
             .store()
@@ -115,30 +132,12 @@ impl Gateway {
             })
             .await
             .map_err(|e| e.to_string())?;
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        if runs.len() >= KNOWN_RUNS {
+            runs.clear();
+        }
+        runs.insert(named, run.id);
         Ok(run.id)
-    }
-
-    /// The cursor rule: the oldest step of `tool` still owed to the agent,
-    /// else the run's next step.
-    async fn step_for(&self, run_id: Uuid, tool: &str) -> Result<i64, String> {
-        let steps = self
-            .store()
-            .steps(run_id)
-            .await
-            .map_err(|e| e.to_string())?;
-        let owed = steps
-            .iter()
-            .filter(|s| s.tool == tool && s.owed_to_agent)
-            .map(|s| s.step_idx)
-            .min();
-        let next = self
-            .store()
-            .run(run_id)
-            .await
-            .map_err(|e| e.to_string())?
-            .map(|r| r.next_step)
-            .ok_or_else(|| "the run is gone".to_owned())?;
-        Ok(owed.unwrap_or(next))
     }
 
     async fn call(&self, agent: &str, label: &str, tool: &str, args: Value) -> CallToolResult {
@@ -149,20 +148,12 @@ impl Gateway {
         if tool == RUN_TOOL {
             return self.run_log(agent, run_id).await;
         }
-        let Some(spec) = self.registry.get(tool) else {
+        if self.registry.get(tool).is_none() {
             return refused(&format!("no tool named {tool:?}"));
-        };
-        let step = if spec.class == ToolClass::Pure {
-            None
-        } else {
-            match self.step_for(run_id, tool).await {
-                Ok(step) => Some(step),
-                Err(why) => return refused(&why),
-            }
-        };
+        }
         match self
             .engine
-            .call_with(agent, run_id, tool, args, step, false)
+            .call_choosing_step(agent, run_id, tool, args)
             .await
         {
             Ok(outcome) => answer(tool, &outcome),

@@ -90,6 +90,15 @@ impl OutcomeKind {
     }
 }
 
+/// Which step a call goes to.
+enum StepChoice {
+    /// The step the agent named (none: a pure call, or refused).
+    Named(Option<i64>),
+    /// The gateway's rule: the oldest step of the tool still owed to the
+    /// agent, else a new step.
+    OldestOwedOrNew,
+}
+
 /// Where a run's step cursor stands for its agent (R12).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cursor {
@@ -402,6 +411,48 @@ impl Engine {
         step: Option<i64>,
         new_effect: bool,
     ) -> Result<CallOutcome, Refusal> {
+        self.call_at(
+            agent,
+            run_id,
+            tool,
+            args,
+            StepChoice::Named(step),
+            new_effect,
+        )
+        .await
+    }
+
+    /// A call from a client that names no step (the MCP gateway): it goes
+    /// to the oldest step of this tool still owed to the agent, so a retry,
+    /// reworded or not, reads that step's outcome; otherwise to a new step.
+    /// Decided under the run's claim, from the owed steps read there.
+    pub async fn call_choosing_step(
+        &self,
+        agent: &str,
+        run_id: Uuid,
+        tool: &str,
+        args: Value,
+    ) -> Result<CallOutcome, Refusal> {
+        self.call_at(
+            agent,
+            run_id,
+            tool,
+            args,
+            StepChoice::OldestOwedOrNew,
+            false,
+        )
+        .await
+    }
+
+    async fn call_at(
+        &self,
+        agent: &str,
+        run_id: Uuid,
+        tool: &str,
+        args: Value,
+        choice: StepChoice,
+        new_effect: bool,
+    ) -> Result<CallOutcome, Refusal> {
         // Another agent's run: refused before its lock is touched.
         if self.locks().owned_by_another(run_id, agent) {
             return Err(Refusal::RunNotFound);
@@ -423,6 +474,16 @@ impl Engine {
             return Err(Refusal::WayBackOnly(tool.to_owned()));
         }
         let owed_steps = || owed.iter().map(|s| s.step_idx);
+        let step = match choice {
+            StepChoice::Named(step) => step,
+            StepChoice::OldestOwedOrNew => Some(
+                owed.iter()
+                    .filter(|s| s.tool == tool)
+                    .map(|s| s.step_idx)
+                    .min()
+                    .unwrap_or(run.next_step),
+            ),
+        };
         if spec.class == ToolClass::Pure {
             self.check_args(tool, &args)?;
             let cursor = Cursor::of(run.next_step, owed_steps());
