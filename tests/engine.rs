@@ -40,6 +40,26 @@ impl Setup {
         Engine::new(self.store.clone(), registry(), self.world.clone())
     }
 
+    /// A run with one ticket opened, whose unwind began and went no
+    /// further (the process stopped).
+    async fn run_left_unwinding(&self) -> Run {
+        let run = self.run().await;
+        self.engine
+            .call(AGENT, run.id, "create_ticket", json!({}), Some(0))
+            .await
+            .unwrap();
+        self.store
+            .move_run(
+                run.id,
+                RunStatus::Running,
+                RunStatus::Unwinding,
+                &lead(),
+                Some("wrong"),
+            )
+            .await
+            .unwrap()
+    }
+
     async fn run(&self) -> Run {
         self.store
             .create_run(NewRun {
@@ -1640,21 +1660,7 @@ async fn r11_resume_continues_committing_and_unwinding_runs_from_the_log(s: Setu
         .await
         .unwrap();
     // An unwind started just before a crash.
-    let unwinding = s.run().await;
-    s.engine
-        .call(AGENT, unwinding.id, "create_ticket", json!({}), Some(0))
-        .await
-        .unwrap();
-    s.store
-        .move_run(
-            unwinding.id,
-            RunStatus::Running,
-            RunStatus::Unwinding,
-            &lead(),
-            Some("wrong"),
-        )
-        .await
-        .unwrap();
+    let unwinding = s.run_left_unwinding().await;
     let engine = s.restarted();
     let report = engine.resume().await.unwrap();
     assert_eq!((report.committed, report.unwound), (1, 1));
@@ -1679,21 +1685,7 @@ async fn r11_resume_continues_committing_and_unwinding_runs_from_the_log(s: Setu
 /// on by the sweep of a live one, once nobody holds the run; a run some
 /// instance holds now is left to it, and nothing is undone twice.
 async fn r11_the_sweep_carries_on_an_unwind_left_behind_but_never_a_held_one(s: Setup) {
-    let left = s.run().await;
-    s.engine
-        .call(AGENT, left.id, "create_ticket", json!({}), Some(0))
-        .await
-        .unwrap();
-    s.store
-        .move_run(
-            left.id,
-            RunStatus::Running,
-            RunStatus::Unwinding,
-            &lead(),
-            Some("wrong"),
-        )
-        .await
-        .unwrap();
+    let left = s.run_left_unwinding().await;
     let sweeper = s.restarted();
     // Held by an instance that is still working on it: left alone.
     let held = s.store.claim_run(left.id).await.unwrap();

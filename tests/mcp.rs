@@ -149,7 +149,20 @@ async fn mcp_lists_every_agent_tool_with_annotations_from_its_class() {
 #[tokio::test]
 async fn mcp_a_reworded_retry_after_a_504_a_reset_or_a_blank_200_reads_the_outcome_not_a_second_effect(
 ) {
-    let h = start(common::sqlite()).await;
+    reworded_retries(common::sqlite()).await;
+}
+
+#[tokio::test]
+async fn postgres_mcp_a_reworded_retry_reads_the_outcome_not_a_second_effect() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    reworded_retries(db).await;
+}
+
+async fn reworded_retries(db: common::TestDb) {
+    let h = start(db).await;
     let faults = [
         ("after-504", Fault::CommitThen504),
         ("after-reset", Fault::ResetAfterCommit),
@@ -249,28 +262,6 @@ async fn mcp_without_a_run_a_side_effect_is_refused_and_without_a_token_nothing_
         .unwrap();
     assert_eq!(response.status(), 401);
     assert_eq!(response.headers()["www-authenticate"], "Bearer");
-}
-
-#[tokio::test]
-async fn postgres_mcp_a_retry_after_a_504_reads_the_outcome_not_a_second_effect() {
-    let Some(db) = common::postgres().await else {
-        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
-        return;
-    };
-    let h = start(db).await;
-    let client = client(&format!("{}/mcp", h.base), &h.token, Some("pg")).await;
-    h.sims
-        .warehouse
-        .state
-        .faults
-        .inject(FaultRule::new("POST", "/v1/shipments", Fault::CommitThen504).times(1));
-    let first = structured(&call(&client, "reship", reship("grace@example.com")).await);
-    assert_eq!(first["outcome"], "unknown", "{first}");
-    let again = structured(&call(&client, "reship", reship("grace@example.com")).await);
-    assert_eq!(again["outcome"], "confirmed", "{again}");
-    assert_eq!(again["step"], 0);
-    assert_eq!(h.sims.warehouse.ledger().of("shipment.created").len(), 1);
-    client.cancel().await.unwrap();
 }
 
 /// Each tool's schema from the tools file is what agents are shown (the

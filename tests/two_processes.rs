@@ -84,23 +84,6 @@ async fn simulators_and_tools() -> (Simulators, tempfile::TempDir, std::path::Pa
     (sims, dir, tools)
 }
 
-#[tokio::test]
-async fn postgres_three_processes_racing_one_step_make_one_effect_and_agree() {
-    let Some(db) = common::postgres().await else {
-        eprintln!("SAGA_TEST_POSTGRES_URL is not set: skipping the three-process race");
-        return;
-    };
-    three_processes_race(db).await;
-}
-
-#[tokio::test]
-async fn pgbouncer_three_processes_racing_one_step_make_one_effect_and_agree() {
-    let Some(db) = common::postgres_via_pgbouncer().await else {
-        return;
-    };
-    three_processes_race(db).await;
-}
-
 async fn three_processes_race(db: common::TestDb) {
     let (sims, _dir, tools) = simulators_and_tools().await;
     // The warehouse answers slowly, so both requests are in flight at once.
@@ -225,25 +208,6 @@ async fn killed_owner(db: common::TestDb) {
     );
 }
 
-#[tokio::test]
-async fn postgres_a_step_in_flight_on_a_killed_instance_is_finished_once_by_another_after_its_lease(
-) {
-    let Some(db) = common::postgres().await else {
-        eprintln!("SAGA_TEST_POSTGRES_URL is not set: skipping");
-        return;
-    };
-    killed_owner(db).await;
-}
-
-#[tokio::test]
-async fn pgbouncer_a_step_in_flight_on_a_killed_instance_is_finished_once_by_another_after_its_lease(
-) {
-    let Some(db) = common::postgres_via_pgbouncer().await else {
-        return;
-    };
-    killed_owner(db).await;
-}
-
 /// An instance stalls (SIGSTOP) past its lease with a step in flight;
 /// another takes the run and settles the step by lookup. When the stalled
 /// one wakes and its call returns, its outcome is not written over the
@@ -313,19 +277,39 @@ fn signal(pid: u32, which: &str) {
     assert!(status.success(), "kill {which} {pid}");
 }
 
-#[tokio::test]
-async fn postgres_an_instance_paused_past_its_lease_never_writes_over_the_log() {
-    let Some(db) = common::postgres().await else {
-        eprintln!("SAGA_TEST_POSTGRES_URL is not set: skipping");
-        return;
+/// Each scenario as two tests: on PostgreSQL itself, and behind a
+/// transaction-pooling PgBouncer.
+macro_rules! directly_and_through_pgbouncer {
+    ($($scenario:ident: $direct:ident, $pooled:ident;)+) => {
+        $(
+            #[tokio::test]
+            async fn $direct() {
+                let Some(db) = common::postgres().await else {
+                    eprintln!("SAGA_TEST_POSTGRES_URL is not set: skipping");
+                    return;
+                };
+                $scenario(db).await;
+            }
+
+            #[tokio::test]
+            async fn $pooled() {
+                let Some(db) = common::postgres_via_pgbouncer().await else {
+                    return;
+                };
+                $scenario(db).await;
+            }
+        )+
     };
-    paused_owner(db).await;
 }
 
-#[tokio::test]
-async fn pgbouncer_an_instance_paused_past_its_lease_never_writes_over_the_log() {
-    let Some(db) = common::postgres_via_pgbouncer().await else {
-        return;
-    };
-    paused_owner(db).await;
+directly_and_through_pgbouncer! {
+    three_processes_race:
+        postgres_three_processes_racing_one_step_make_one_effect_and_agree,
+        pgbouncer_three_processes_racing_one_step_make_one_effect_and_agree;
+    killed_owner:
+        postgres_a_step_in_flight_on_a_killed_instance_is_finished_once_by_another_after_its_lease,
+        pgbouncer_a_step_in_flight_on_a_killed_instance_is_finished_once_by_another_after_its_lease;
+    paused_owner:
+        postgres_an_instance_paused_past_its_lease_never_writes_over_the_log,
+        pgbouncer_an_instance_paused_past_its_lease_never_writes_over_the_log;
 }
