@@ -358,35 +358,40 @@ async fn router(
             body_timeout,
         ));
     let expiry = Expiry::OnInactivity(tower_sessions::cookie::time::Duration::hours(8));
-    Ok(match opened {
+    match opened {
         Opened::Sqlite(store) => {
             let sessions = SqliteSessions::new(store.session_pool());
-            sessions
-                .migrate()
-                .await
-                .map_err(|e| ServerError::Sessions(e.to_string()))?;
-            delete_expired_sessions(sessions.clone());
-            app.layer(session_layer(sessions, expiry, secure))
+            let migrated = sessions.migrate().await;
+            with_sessions(app, sessions, migrated, expiry, secure)
         }
         Opened::Postgres(store) if store.behind_pooler() => {
             let sessions = PooledSessions::new(store.session_pool());
-            sessions
-                .migrate()
-                .await
-                .map_err(|e| ServerError::Sessions(e.to_string()))?;
-            delete_expired_sessions(sessions.clone());
-            app.layer(session_layer(sessions, expiry, secure))
+            let migrated = sessions.migrate().await;
+            with_sessions(app, sessions, migrated, expiry, secure)
         }
         Opened::Postgres(store) => {
             let sessions = PgSessions::new(store.session_pool());
-            sessions
-                .migrate()
-                .await
-                .map_err(|e| ServerError::Sessions(e.to_string()))?;
-            delete_expired_sessions(sessions.clone());
-            app.layer(session_layer(sessions, expiry, secure))
+            let migrated = sessions.migrate().await;
+            with_sessions(app, sessions, migrated, expiry, secure)
         }
-    })
+    }
+}
+
+/// The dashboard's sessions in `sessions`, once its table is migrated;
+/// expired ones are deleted in the background.
+fn with_sessions<S>(
+    app: Router,
+    sessions: S,
+    migrated: Result<(), impl std::fmt::Display>,
+    expiry: Expiry,
+    secure: bool,
+) -> Result<Router, ServerError>
+where
+    S: tower_sessions::SessionStore + tower_sessions::session_store::ExpiredDeletion + Clone,
+{
+    migrated.map_err(|e| ServerError::Sessions(e.to_string()))?;
+    delete_expired_sessions(sessions.clone());
+    Ok(app.layer(session_layer(sessions, expiry, secure)))
 }
 
 /// Expired sessions are deleted from the table every few minutes, not

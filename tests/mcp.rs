@@ -70,6 +70,21 @@ async fn start(db: common::TestDb) -> Harness {
     }
 }
 
+impl Harness {
+    /// The agent API: `POST` (with a body) or `GET` (without), as JSON.
+    async fn api(&self, path: &str, body: Option<Value>) -> (u16, Value) {
+        let http = reqwest::Client::new();
+        let url = format!("{}/api/v1{path}", self.base);
+        let request = match body {
+            Some(body) => http.post(url).json(&body),
+            None => http.get(url),
+        };
+        let response = request.bearer_auth(&self.token).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+}
+
 /// An MCP client configured as a user would: the URL, the token, and the
 /// run named by header (or by the URL's path, when `run_header` is None).
 async fn client(
@@ -223,17 +238,7 @@ async fn mcp_the_run_named_by_header_or_path_is_one_run_and_saga_run_reads_its_l
     let text = format!("{:?}", log.content);
     assert!(text.contains("step 0: reship"), "{text}");
     // The same label through the agent API is the same run.
-    let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{}/api/v1/runs", h.base))
-        .bearer_auth(&h.token)
-        .json(&json!({"label": "case-7"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, created) = h.api("/runs", Some(json!({"label": "case-7"}))).await;
     assert_eq!(created["run"]["id"], view["run"]["id"]);
     by_header.cancel().await.unwrap();
     by_path.cancel().await.unwrap();
@@ -270,16 +275,7 @@ async fn mcp_without_a_run_a_side_effect_is_refused_and_without_a_token_nothing_
 #[tokio::test]
 async fn a_tools_argument_schema_is_served_and_every_new_call_is_checked_against_it() {
     let h = start(common::sqlite()).await;
-    let http = reqwest::Client::new();
-    let listed: Value = http
-        .get(format!("{}/api/v1/tools", h.base))
-        .bearer_auth(&h.token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, listed) = h.api("/tools", None).await;
     let reship_schema = listed["tools"]
         .as_array()
         .unwrap()
@@ -296,44 +292,32 @@ async fn a_tools_argument_schema_is_served_and_every_new_call_is_checked_against
         reship_schema
     );
     // Over the API: 422 naming the argument, and no step taken.
-    let created: Value = http
-        .post(format!("{}/api/v1/runs", h.base))
-        .bearer_auth(&h.token)
-        .json(&json!({"label": "schemas"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, created) = h.api("/runs", Some(json!({"label": "schemas"}))).await;
     let run = created["run"]["id"].as_str().unwrap();
-    let response = http
-        .post(format!("{}/api/v1/runs/{run}/calls", h.base))
-        .bearer_auth(&h.token)
-        .json(&json!({"tool": "reship", "step": 0, "args": {"order_id": "ord_1002", "items": "LAMP-7"}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 422);
-    let refused: Value = response.json().await.unwrap();
-    assert_eq!(refused["code"], "invalid_args", "{refused}");
-    assert!(
-        refused["message"].as_str().unwrap().contains("`items`"),
-        "{refused}"
-    );
-    let missing = http
-        .post(format!("{}/api/v1/runs/{run}/calls", h.base))
-        .bearer_auth(&h.token)
-        .json(&json!({"tool": "reship", "step": 0, "args": {"items": ["LAMP-7"]}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(missing.status(), 422);
-    let missing: Value = missing.json().await.unwrap();
-    assert!(
-        missing["message"].as_str().unwrap().contains("`order_id`"),
-        "{missing}"
-    );
+    let calls = format!("/runs/{run}/calls");
+    for (args, named) in [
+        (
+            json!({"order_id": "ord_1002", "items": "LAMP-7"}),
+            "`items`",
+        ),
+        (json!({"items": ["LAMP-7"]}), "`order_id`"),
+    ] {
+        let (status, refused) = h
+            .api(
+                &calls,
+                Some(json!({"tool": "reship", "step": 0, "args": args})),
+            )
+            .await;
+        assert_eq!(
+            (status, refused["code"].as_str()),
+            (422, Some("invalid_args")),
+            "{refused}"
+        );
+        assert!(
+            refused["message"].as_str().unwrap().contains(named),
+            "{refused}"
+        );
+    }
     // Over MCP: a tool error naming the argument.
     let refused = call(&client, "reship", json!({"order_id": "ord_1002"})).await;
     assert_eq!(refused.is_error, Some(true));
@@ -342,15 +326,7 @@ async fn a_tools_argument_schema_is_served_and_every_new_call_is_checked_against
         "{:?}",
         refused.content
     );
-    let view: Value = http
-        .get(format!("{}/api/v1/runs/{run}", h.base))
-        .bearer_auth(&h.token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, view) = h.api(&format!("/runs/{run}"), None).await;
     assert_eq!(view["steps"].as_array().unwrap().len(), 0, "{view}");
     assert!(h.sims.warehouse.ledger().of("shipment.created").is_empty());
     client.cancel().await.unwrap();
