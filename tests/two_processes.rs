@@ -63,6 +63,26 @@ async fn until_shipments_asked(sims: &Simulators, n: usize) {
     }
 }
 
+/// The agent re-sends its step to another instance, which answers with
+/// the step's confirmed outcome.
+async fn resent_and_confirmed(
+    http: &reqwest::Client,
+    at: &Harness,
+    run: &str,
+    token: &str,
+) -> Value {
+    let (status, out) = post(
+        http,
+        format!("{}/api/v1/runs/{run}/calls", at.base),
+        token,
+        reship(),
+    )
+    .await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["outcome"], "confirmed", "{out}");
+    out
+}
+
 async fn new_run(http: &reqwest::Client, base: &str, token: &str, purpose: &str) -> String {
     let (status, created) = post(
         http,
@@ -183,15 +203,7 @@ async fn killed_owner(db: common::TestDb) {
         "the killed instance answered"
     );
     let started = Instant::now();
-    let (status, out) = post(
-        &http,
-        format!("{}/api/v1/runs/{run}/calls", other.base),
-        &token,
-        reship(),
-    )
-    .await;
-    assert_eq!(status, 200, "{out}");
-    assert_eq!(out["outcome"], "confirmed", "{out}");
+    resent_and_confirmed(&http, &other, &run, &token).await;
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "took {:?}: the lease should run out within 1.5 s",
@@ -231,15 +243,7 @@ async fn paused_owner(db: common::TestDb) {
     });
     until_shipments_asked(&sims, 1).await;
     signal(stalled.pid, "-STOP");
-    let (status, taken_over) = post(
-        &http,
-        format!("{}/api/v1/runs/{run}/calls", other.base),
-        &token,
-        reship(),
-    )
-    .await;
-    assert_eq!(status, 200, "{taken_over}");
-    assert_eq!(taken_over["outcome"], "confirmed", "{taken_over}");
+    let taken_over = resent_and_confirmed(&http, &other, &run, &token).await;
     signal(stalled.pid, "-CONT");
     let (status, late) = in_flight.await.unwrap();
     assert_eq!(status, 200, "{late}");

@@ -56,7 +56,6 @@ pub struct PathRun(pub String);
 #[derive(Clone)]
 pub struct Gateway {
     engine: Arc<Engine>,
-    registry: Arc<Registry>,
     tools: Arc<Vec<Tool>>,
     /// Runs already named, by (agent, label), shared by every session.
     runs: Arc<std::sync::Mutex<HashMap<(String, String), Uuid>>>,
@@ -66,7 +65,7 @@ pub struct Gateway {
 const KNOWN_RUNS: usize = 10_000;
 
 impl Gateway {
-    pub fn new(engine: Arc<Engine>, registry: Arc<Registry>) -> Gateway {
+    pub fn new(engine: Arc<Engine>, registry: &Registry) -> Gateway {
         let mut tools: Vec<Tool> = registry
             .tools()
             .filter(|spec| !spec.way_back_only && !spec.gated)
@@ -75,7 +74,6 @@ impl Gateway {
         tools.push(run_tool());
         Gateway {
             engine,
-            registry,
             tools: Arc::new(tools),
             runs: Default::default(),
         }
@@ -147,9 +145,6 @@ impl Gateway {
         };
         if tool == RUN_TOOL {
             return self.run_log(agent, run_id).await;
-        }
-        if self.registry.get(tool).is_none() {
-            return refused(&format!("no tool named {tool:?}"));
         }
         match self
             .engine
@@ -389,7 +384,7 @@ fn refusal_words(refusal: &Refusal) -> String {
 pub fn router(state: &crate::server::AppState) -> axum::Router<crate::server::AppState> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
-    let gateway = Gateway::new(state.engine.clone(), state.registry.clone());
+    let gateway = Gateway::new(state.engine.clone(), &state.registry);
     let service = StreamableHttpService::new(
         move || Ok(gateway.clone()),
         LocalSessionManager::default().into(),

@@ -303,10 +303,7 @@ impl Drop for LeaseClaim {
         let (run_id, token) = (self.run_id, self.token.clone());
         let (pool, released) = (self.pool.clone(), self.released.clone());
         runtime.spawn(async move {
-            let sql = format!(
-                "{LAZY_COMMIT} UPDATE runs SET lease_owner = NULL, lease_until = NULL \
-                 WHERE id = '{run_id}' AND lease_owner = '{token}'"
-            );
+            let sql = release_sql(run_id, &token);
             match sqlx::raw_sql(&sql).execute(&pool).await {
                 // A store closing gives nothing back; the lease runs out.
                 Ok(_) | Err(sqlx::Error::PoolClosed) => {}
@@ -337,11 +334,7 @@ impl Drop for PendingLease {
         else {
             return;
         };
-        let sql = format!(
-            "{LAZY_COMMIT} UPDATE runs SET lease_owner = NULL, lease_until = NULL \
-             WHERE id = '{}' AND lease_owner = '{}'",
-            self.run_id, self.token
-        );
+        let sql = release_sql(self.run_id, &self.token);
         runtime.spawn(async move {
             let _ = sqlx::raw_sql(&sql).execute(&pool).await;
         });
@@ -354,6 +347,15 @@ impl Drop for PendingLease {
 /// intent, the first write that matters, flushes the lease before it; and a
 /// lost release only makes the next holder wait for the lease to run out.
 const LAZY_COMMIT: &str = "SELECT set_config('synchronous_commit', 'off', true) AS lazy_commit;";
+
+/// Gives a run's lease back if `token` still holds it (a later holder's
+/// lease is left alone). The token is hex and a checked instance name.
+fn release_sql(run_id: uuid::Uuid, token: &str) -> String {
+    format!(
+        "{LAZY_COMMIT} UPDATE runs SET lease_owner = NULL, lease_until = NULL \
+         WHERE id = '{run_id}' AND lease_owner = '{token}'"
+    )
+}
 
 /// A claim on a run that does not exist: nothing to serialise.
 struct NoRun;

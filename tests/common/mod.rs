@@ -201,10 +201,27 @@ fn uuid_simple() -> String {
 
 async fn connect_admin(url: &str) -> sqlx::PgConnection {
     use sqlx::Connection;
-    tokio::time::timeout(Duration::from_secs(10), sqlx::PgConnection::connect(url))
-        .await
-        .unwrap_or_else(|_| panic!("SAGA_TEST_POSTGRES_URL is set but the server does not answer"))
-        .unwrap_or_else(|e| panic!("SAGA_TEST_POSTGRES_URL is set but unusable: {e}"))
+    // Tests run in parallel, each with its own pool: the server's
+    // connection limit may be reached for a moment, so a refusal for that
+    // reason (53300) is waited out, for at most ten seconds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let connected =
+            tokio::time::timeout(Duration::from_secs(10), sqlx::PgConnection::connect(url))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("SAGA_TEST_POSTGRES_URL is set but the server does not answer")
+                });
+        match connected {
+            Ok(conn) => return conn,
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some("53300") && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("SAGA_TEST_POSTGRES_URL is set but unusable: {e}"),
+        }
+    }
 }
 
 fn with_database(url: &str, name: &str) -> String {
