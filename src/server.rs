@@ -114,9 +114,15 @@ impl Application {
     /// demo points the shipped tools file at its simulators).
     pub async fn build_from(
         args: ServeArgs,
-        registry: Registry,
+        mut registry: Registry,
         connectors: ConnectorSet,
     ) -> Result<Self, ServerError> {
+        let connectors = crate::mcp::upstream::attach(&mut registry, connectors)
+            .await
+            .map_err(|mistakes| ServerError::Connectors {
+                path: args.tools.clone().unwrap_or_default(),
+                mistakes,
+            })?;
         let missing = connectors.missing_for(&registry);
         if !missing.is_empty() {
             return Err(ServerError::NoConnector {

@@ -23,6 +23,7 @@ const AGENT: &str = "support-bot";
 
 struct Harness {
     base: String,
+    state: saga_harness::server::AppState,
     token: String,
     sims: Simulators,
     _dir: tempfile::TempDir,
@@ -31,12 +32,19 @@ struct Harness {
 }
 
 async fn start(db: common::TestDb) -> Harness {
+    start_with(db, "").await
+}
+
+/// The harness over the shipped tools file with `more` appended to it.
+async fn start_with(db: common::TestDb, more: &str) -> Harness {
     use_simulated_credentials();
     let sims = Simulators::start("127.0.0.1".parse().unwrap(), 0)
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let tools = common::process::tools_file(&sims, dir.path(), 50);
+    let shipped = std::fs::read_to_string(&tools).unwrap();
+    std::fs::write(&tools, format!("{shipped}\n{more}")).unwrap();
     let app = Application::build(ServeArgs {
         bind: "127.0.0.1:0".parse().unwrap(),
         database: DatabaseArgs {
@@ -56,12 +64,14 @@ async fn start(db: common::TestDb) -> Harness {
         .await
         .unwrap();
     let base = format!("http://{}", app.local_addr());
+    let state = app.state().clone();
     let (stop, stopped) = tokio::sync::oneshot::channel();
     tokio::spawn(app.serve(async {
         let _ = stopped.await;
     }));
     Harness {
         base,
+        state,
         token,
         sims,
         _dir: dir,
@@ -330,4 +340,296 @@ async fn a_tools_argument_schema_is_served_and_every_new_call_is_checked_against
     assert_eq!(view["steps"].as_array().unwrap().len(), 0, "{view}");
     assert!(h.sims.warehouse.ledger().of("shipment.created").is_empty());
     client.cancel().await.unwrap();
+}
+
+/// The reference MCP server of the protocol's authors, installed from npm
+/// with the browser tests (end2end/package.json).
+fn everything_server() -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("end2end/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        path.exists(),
+        "{} is missing: run `npm ci` in end2end (scripts/setup.sh does)",
+        path.display()
+    );
+    path.display().to_string()
+}
+
+/// A third-party MCP server over stdio, proxied as an upstream: its tools
+/// are listed under its prefix and classed from their annotations
+/// (read-only is pure; anything else is irreversible and waits for a
+/// person), its schemas check the calls, and an approved call goes through
+/// the log to the upstream.
+#[tokio::test]
+async fn an_upstream_mcp_servers_tools_are_listed_under_its_prefix_classed_from_their_annotations_and_called_through_the_log(
+) {
+    let server = everything_server();
+    let h = start_with(
+        common::sqlite(),
+        &format!("[connectors.mcp.everything]\ncommand = [\"node\", {server:?}, \"stdio\"]\n"),
+    )
+    .await;
+    let client = client(&format!("{}/mcp", h.base), &h.token, Some("upstream")).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let by_name: HashMap<_, _> = tools.iter().map(|t| (t.name.to_string(), t)).collect();
+    let hints = |name: &str| {
+        let a = by_name
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} is not listed: {:?}", by_name.keys()))
+            .annotations
+            .clone()
+            .expect("annotations");
+        (a.read_only_hint, a.destructive_hint)
+    };
+    assert_eq!(hints("everything_echo"), (Some(true), Some(false)));
+    assert_eq!(
+        hints("everything_toggle-simulated-logging"),
+        (Some(false), Some(true))
+    );
+    assert!(by_name.contains_key("reship"), "the tools file's own tools stay");
+
+    let echoed = call(&client, "everything_echo", json!({"message": "kettle"})).await;
+    assert_ne!(echoed.is_error, Some(true), "{:?}", echoed.content);
+    assert_eq!(structured(&echoed)["outcome"], "confirmed");
+    assert!(
+        format!("{:?}", echoed.content).contains("Echo: kettle"),
+        "the upstream's own answer reaches the model: {:?}",
+        echoed.content
+    );
+    // The upstream's schema checks the call before anything is sent.
+    let refused = call(&client, "everything_echo", json!({"text": "kettle"})).await;
+    assert_eq!(refused.is_error, Some(true));
+    assert!(format!("{:?}", refused.content).contains("`message`"));
+
+    // Not read-only: held for a person, with the page where they decide.
+    let held = call(&client, "everything_toggle-simulated-logging", json!({})).await;
+    let outcome = structured(&held);
+    assert_eq!(outcome["outcome"], "awaiting_approval", "{outcome}");
+    let run_page = format!("{}/runs/", h.base);
+    assert!(
+        format!("{:?}", held.content).contains(&run_page),
+        "{:?}",
+        held.content
+    );
+    let approval = h
+        .state
+        .store
+        .pending_approvals()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|a| a.step_idx == outcome["step"].as_i64())
+        .expect("an approval waits for the held call");
+    h.state
+        .engine
+        .decide_step(
+            approval.id,
+            &approval.digest,
+            true,
+            &saga_harness::saga::model::Actor::User("lead".into()),
+        )
+        .await
+        .unwrap();
+    let decided = call(&client, "everything_toggle-simulated-logging", json!({})).await;
+    let decided = structured(&decided);
+    assert_eq!(decided["outcome"], "confirmed", "{decided}");
+    assert_eq!(decided["step"], outcome["step"], "the retry read the held step");
+    let log = structured(&call(&client, "saga_run", json!({})).await);
+    assert_eq!(log["steps"][0]["tool"], "everything_toggle-simulated-logging");
+    client.cancel().await.unwrap();
+}
+
+/// An upstream reached by URL, with its own ledger: a tool the tools file
+/// declares keeps its class (compensatable here, so it runs at once), the
+/// step's key travels in `_meta`, and a call whose answer never came is
+/// unknown; the retry reads that step (a person is asked, as the upstream
+/// has no lookup) and never makes a second effect.
+#[tokio::test]
+async fn an_upstream_call_carries_the_steps_key_in_meta_and_a_lost_answer_is_never_sent_twice() {
+    let notes = notes::Notes::default();
+    let url = notes.listen().await;
+    let h = start_with(
+        common::sqlite(),
+        &format!(
+            r#"
+[connectors.mcp.notes]
+url = "{url}"
+timeout_ms = 400
+
+[[tool]]
+name = "add_note"
+class = "compensatable"
+connector = "mcp.notes.add_note"
+compensation = {{ tool = "remove_note", args = {{ note_key = "{{key}}" }} }}
+
+[[tool]]
+name = "remove_note"
+class = "compensatable"
+connector = "mcp.notes.remove_note"
+way_back_only = true
+"#
+        ),
+    )
+    .await;
+    let client = client(&format!("{}/mcp", h.base), &h.token, Some("notes")).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
+    assert!(names.contains(&"notes_read_notes".to_owned()), "{names:?}");
+    assert!(!names.contains(&"remove_note".to_owned()), "{names:?}");
+    let add = tools.iter().find(|t| t.name == "add_note").expect("add_note");
+    assert_eq!(
+        add.input_schema.get("required"),
+        Some(&json!(["text"])),
+        "the upstream's schema, as the tools file gives none"
+    );
+
+    let made = structured(&call(&client, "add_note", json!({"text": "refund promised"})).await);
+    assert_eq!(made["outcome"], "confirmed", "{made}");
+    let ledger = notes.ledger();
+    assert_eq!(ledger.len(), 1);
+    assert_eq!(Some(ledger[0].0.as_str()), made["key"].as_str());
+
+    notes.hang_next();
+    let lost = structured(&call(&client, "add_note", json!({"text": "reship sent"})).await);
+    assert_eq!(lost["outcome"], "unknown", "{lost}");
+    assert_eq!(lost["step"], 1);
+    let again = structured(&call(&client, "add_note", json!({"text": "Reship sent."})).await);
+    assert_eq!(again["step"], 1, "the reworded retry went to a new step: {again}");
+    assert_ne!(again["outcome"], "confirmed", "{again}");
+    assert_eq!(notes.ledger().len(), 2, "{:?}", notes.ledger());
+    assert_eq!(notes.calls(), 2, "the lost call was sent again");
+    client.cancel().await.unwrap();
+}
+
+/// A small MCP server with a ledger, for the upstream tests: `add_note`
+/// records a note under the key in `_meta` (once per key), `read_notes`
+/// reads them.
+mod notes {
+    use rmcp::model::{
+        CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
+        ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+        ToolAnnotations,
+    };
+    use rmcp::service::RequestContext;
+    use rmcp::{ErrorData, RoleServer, ServerHandler};
+    use saga_harness::mcp::upstream::KEY_META;
+    use serde_json::{json, Value};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    pub struct Notes {
+        ledger: Arc<Mutex<Vec<(String, String)>>>,
+        calls: Arc<AtomicUsize>,
+        hang: Arc<AtomicBool>,
+    }
+
+    impl Notes {
+        pub fn ledger(&self) -> Vec<(String, String)> {
+            self.ledger.lock().unwrap().clone()
+        }
+
+        pub fn calls(&self) -> usize {
+            self.calls.load(Ordering::SeqCst)
+        }
+
+        /// The next note is recorded, and its answer never comes in time.
+        pub fn hang_next(&self) {
+            self.hang.store(true, Ordering::SeqCst);
+        }
+
+        /// Serves on port 0; returns the URL.
+        pub async fn listen(&self) -> String {
+            use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+            use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+            let notes = self.clone();
+            let service = StreamableHttpService::new(
+                move || Ok(notes.clone()),
+                LocalSessionManager::default().into(),
+                StreamableHttpServerConfig::default().disable_allowed_hosts(),
+            );
+            let router = axum::Router::new().route_service("/mcp", service);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(async move { axum::serve(listener, router).await });
+            format!("http://{addr}/mcp")
+        }
+    }
+
+    fn schema(value: Value) -> Arc<serde_json::Map<String, Value>> {
+        let Value::Object(map) = value else {
+            unreachable!("an object literal")
+        };
+        Arc::new(map)
+    }
+
+    impl ServerHandler for Notes {
+        fn get_info(&self) -> ServerConfig {
+            ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        }
+
+        async fn list_tools(
+            &self,
+            _: Option<PaginatedRequestParams>,
+            _: RequestContext<RoleServer>,
+        ) -> Result<ListToolsResult, ErrorData> {
+            let text = schema(json!({
+                "type": "object", "required": ["text"],
+                "properties": {"text": {"type": "string"}}
+            }));
+            let key = schema(json!({
+                "type": "object", "required": ["note_key"],
+                "properties": {"note_key": {"type": "string"}}
+            }));
+            Ok(ListToolsResult::with_all_items(vec![
+                Tool::new("add_note", "Adds a note to the case.", text),
+                Tool::new("remove_note", "Removes the note made under a key.", key),
+                Tool::new("read_notes", "Reads the case's notes.", schema(json!({"type": "object"})))
+                    .with_annotations(ToolAnnotations::new().read_only(true)),
+            ]))
+        }
+
+        async fn call_tool(
+            &self,
+            request: CallToolRequestParams,
+            ctx: RequestContext<RoleServer>,
+        ) -> Result<CallToolResponse, ErrorData> {
+            let args = request.arguments.clone().unwrap_or_default();
+            // The SDK hands the request's `_meta` over in the context.
+            let key = ctx
+                .meta
+                .0
+                 .0
+                .get(KEY_META)
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            match request.name.as_ref() {
+                "add_note" => {
+                    self.calls.fetch_add(1, Ordering::SeqCst);
+                    let Some(key) = key else {
+                        return Err(ErrorData::invalid_params("no idempotency key", None));
+                    };
+                    let text = args.get("text").and_then(Value::as_str).unwrap_or_default();
+                    {
+                        let mut ledger = self.ledger.lock().unwrap();
+                        if !ledger.iter().any(|(k, _)| *k == key) {
+                            ledger.push((key.clone(), text.to_owned()));
+                        }
+                    }
+                    if self.hang.swap(false, Ordering::SeqCst) {
+                        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                    }
+                    let mut result =
+                        CallToolResult::success(vec![ContentBlock::text(format!("noted: {text}"))]);
+                    result.structured_content = Some(json!({"id": key}));
+                    Ok(result.into())
+                }
+                "read_notes" => {
+                    let notes: Vec<String> = self.ledger().into_iter().map(|(_, t)| t).collect();
+                    Ok(CallToolResult::success(vec![ContentBlock::text(notes.join("\n"))]).into())
+                }
+                other => Err(ErrorData::invalid_params(format!("no tool {other}"), None)),
+            }
+        }
+    }
 }

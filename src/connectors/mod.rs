@@ -55,6 +55,9 @@ impl ConnectorSet {
                 continue;
             };
             let built: Built = match name.as_str() {
+                // Upstream MCP servers are connected to at start-up, where
+                // their tools are listed (crate::mcp::upstream::attach).
+                "mcp" => continue,
                 "http" => http::HttpConnector::from_settings(table, wire.clone())
                     .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
                 "stripe" => stripe::StripeConnector::from_settings(table, wire.clone())
@@ -68,7 +71,7 @@ impl ConnectorSet {
                 "smtp" => smtp::SmtpConnector::from_settings(table)
                     .map(|c| (c.operations(), Arc::new(c) as Arc<dyn Connector>)),
                 other => Err(vec![format!(
-                    "connector `{other}` is not one this build has (stripe, jira, zendesk, slack, smtp, http)"
+                    "connector `{other}` is not one this build has (stripe, jira, zendesk, slack, smtp, http, mcp)"
                 )]),
             };
             match built {

@@ -20,6 +20,8 @@
 //! The pure tool `saga_run` gives the model the run's log, so a resumed
 //! agent rebuilds its context from the log, not from its transcript.
 
+pub mod upstream;
+
 use crate::saga::class::ToolClass;
 use crate::saga::engine::{CallOutcome, Engine, OutcomeKind, Refusal};
 use crate::saga::model::NewRun;
@@ -52,6 +54,13 @@ pub struct McpAgent(pub String);
 #[derive(Clone, Debug)]
 pub struct PathRun(pub String);
 
+/// Who is calling, as the request says.
+struct Caller {
+    agent: String,
+    label: Option<String>,
+    origin: Option<String>,
+}
+
 /// One gateway per MCP session; all share the engine.
 #[derive(Clone)]
 pub struct Gateway {
@@ -83,8 +92,9 @@ impl Gateway {
         self.engine.store()
     }
 
-    /// The agent and the run label of this request.
-    fn caller(ctx: &RequestContext<RoleServer>) -> Result<(String, Option<String>), McpError> {
+    /// The agent, the run label and the origin (scheme and host, for links
+    /// to the dashboard) of this request.
+    fn caller(ctx: &RequestContext<RoleServer>) -> Result<Caller, McpError> {
         let parts = ctx.extensions.get::<axum::http::request::Parts>();
         let agent = parts
             .and_then(|p| p.extensions.get::<McpAgent>())
@@ -103,7 +113,21 @@ impl Gateway {
                         .map(str::to_owned)
                 })
         });
-        Ok((agent, label))
+        let origin = parts.and_then(|p| {
+            let host = p.headers.get(axum::http::header::HOST)?.to_str().ok()?;
+            let scheme = p
+                .headers
+                .get("x-forwarded-proto")
+                .and_then(|v| v.to_str().ok())
+                .filter(|s| matches!(*s, "http" | "https"))
+                .unwrap_or("http");
+            Some(format!("{scheme}://{host}"))
+        });
+        Ok(Caller {
+            agent,
+            label,
+            origin,
+        })
     }
 
     /// The run this client named, created on first use (and remembered:
@@ -138,7 +162,8 @@ impl Gateway {
         Ok(run.id)
     }
 
-    async fn call(&self, agent: &str, label: &str, tool: &str, args: Value) -> CallToolResult {
+    async fn call(&self, caller: &Caller, label: &str, tool: &str, args: Value) -> CallToolResult {
+        let agent = caller.agent.as_str();
         let run_id = match self.run_of(agent, label).await {
             Ok(id) => id,
             Err(why) => return refused(&why),
@@ -151,7 +176,13 @@ impl Gateway {
             .call_choosing_step(agent, run_id, tool, args)
             .await
         {
-            Ok(outcome) => answer(tool, &outcome),
+            Ok(outcome) => {
+                let page = caller
+                    .origin
+                    .as_ref()
+                    .map(|origin| format!("{origin}/runs/{run_id}"));
+                answer(tool, &outcome, page.as_deref())
+            }
             Err(refusal) => refused(&refusal_words(&refusal)),
         }
     }
@@ -239,14 +270,14 @@ impl ServerHandler for Gateway {
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let (agent, label) = Self::caller(&ctx)?;
+        let caller = Self::caller(&ctx)?;
         if self.get_tool(&request.name).is_none() {
             return Err(McpError::invalid_params(
                 format!("no tool named {:?}", request.name),
                 None,
             ));
         }
-        let Some(label) = label else {
+        let Some(label) = caller.label.clone() else {
             return Ok(refused(
                 "this MCP server does not know which run you are in: configure the client with \
                  the header X-Saga-Run: <label>, or the URL /mcp/runs/<label>",
@@ -254,7 +285,7 @@ impl ServerHandler for Gateway {
             .into());
         };
         let args = Value::Object(request.arguments.unwrap_or_default());
-        Ok(self.call(&agent, &label, &request.name, args).await.into())
+        Ok(self.call(&caller, &label, &request.name, args).await.into())
     }
 }
 
@@ -268,9 +299,10 @@ fn tool_of(spec: &ToolSpec) -> Tool {
             "Has a side effect that cannot be taken back: it waits for a person's approval."
         }
     };
-    let description = match &spec.display {
-        Some(display) => format!("{display}. {what}"),
-        None => format!("{}. {what}", spec.name),
+    let description = match (&spec.description, &spec.display) {
+        (Some(description), _) => format!("{description} {what}"),
+        (None, Some(display)) => format!("{display}. {what}"),
+        (None, None) => format!("{}. {what}", spec.name),
     };
     let pure = spec.class == ToolClass::Pure;
     let annotations = ToolAnnotations::new()
@@ -310,7 +342,7 @@ fn open_object() -> JsonObject {
 
 /// The engine's answer, as the model reads it. The structured content is
 /// the same object `/api/v1` answers with.
-fn answer(tool: &str, outcome: &CallOutcome) -> CallToolResult {
+fn answer(tool: &str, outcome: &CallOutcome, page: Option<&str>) -> CallToolResult {
     let words = match outcome.outcome {
         OutcomeKind::Confirmed => "done".to_owned(),
         OutcomeKind::Failed => format!(
@@ -327,8 +359,10 @@ fn answer(tool: &str, outcome: &CallOutcome) -> CallToolResult {
             format!("nothing happened; call {tool} again to try it once more under the same key")
         }
         OutcomeKind::AwaitingApproval => format!(
-            "held for a person's approval; nothing was sent. Call {tool} again later to read \
-             the decision"
+            "held for a person's approval; nothing was sent. {}Call {tool} again later to read \
+             the decision",
+            page.map(|page| format!("A support lead decides at {page}. "))
+                .unwrap_or_default()
         ),
         OutcomeKind::Rejected => {
             "a person rejected this call; it was not sent. Go on without it".to_owned()
@@ -340,7 +374,22 @@ fn answer(tool: &str, outcome: &CallOutcome) -> CallToolResult {
     }
     let structured = serde_json::to_value(outcome).unwrap_or(Value::Null);
     let final_no = matches!(outcome.outcome, OutcomeKind::Failed | OutcomeKind::Rejected);
-    result(text, Some(structured), final_no)
+    let mut answer = result(text, Some(structured), final_no);
+    if outcome.outcome == OutcomeKind::Confirmed {
+        if let Some(found) = &outcome.result {
+            answer.content.extend(result_blocks(found));
+        }
+    }
+    answer
+}
+
+/// What the system answered, for a model that reads only text: an upstream
+/// MCP tool's own content blocks, or the system's JSON.
+fn result_blocks(found: &Value) -> Vec<ContentBlock> {
+    found
+        .get("content")
+        .and_then(|content| serde_json::from_value::<Vec<ContentBlock>>(content.clone()).ok())
+        .unwrap_or_else(|| vec![ContentBlock::text(found.to_string())])
 }
 
 /// Words for the model, and the same as data.

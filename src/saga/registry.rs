@@ -114,9 +114,51 @@ pub struct ToolSpec {
     /// `{args.FIELD}` and `{args.FIELD|money}` (`|recipients`, `|short`)
     /// placeholders: "Capture {args.amount|money} from the hold".
     pub display: Option<String>,
+    /// What the tool does, for the model choosing it (an upstream MCP
+    /// server's own description when the tools file gives none).
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+/// A tool as an upstream MCP server lists it: what the registry needs to
+/// class it and check its calls.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpstreamTool {
+    pub name: String,
+    pub description: Option<String>,
+    /// Its `inputSchema`.
+    pub schema: serde_json::Value,
+    /// Its `readOnlyHint` annotation: only an explicit `true` makes it pure.
+    pub read_only: bool,
 }
 
 impl ToolSpec {
+    /// An upstream tool the tools file does not declare. Nothing says how
+    /// to take its effect back, so anything not read-only is irreversible:
+    /// each call waits for a person, and a correction is only for the team.
+    fn listed_upstream(name: String, operation: String, tool: UpstreamTool) -> ToolSpec {
+        ToolSpec {
+            name,
+            class: if tool.read_only {
+                ToolClass::Pure
+            } else {
+                ToolClass::Irreversible
+            },
+            connector: operation,
+            audience: Audience::Internal,
+            audience_when: Vec::new(),
+            undo: None,
+            compensation: None,
+            correction: None,
+            gated: false,
+            way_back_only: false,
+            settle_ms: default_settle_ms(),
+            schema: Some(tool.schema),
+            display: None,
+            description: tool.description,
+        }
+    }
+
     /// The correction declared for the people of one audience, if any: an
     /// audience with none declared gets none (R10).
     pub fn correction_to(&self, audience: Audience) -> Option<&CorrectionTemplate> {
@@ -547,6 +589,74 @@ impl Registry {
         match validator.iter_errors(args).next() {
             None => Ok(()),
             Some(error) => Err(ArgsMistake::of(&error)),
+        }
+    }
+
+    /// Takes in the tools an upstream MCP server lists (operation
+    /// `mcp.SERVER.TOOL`). A tool the tools file declares on that operation
+    /// keeps its declaration, and gains the upstream's schema and
+    /// description where it gives none. Any other is added as
+    /// `PREFIX_TOOL`, classed conservatively from its annotations: read-only
+    /// is pure; anything else is irreversible, so each call waits for a
+    /// person. Returns the operations the server serves.
+    pub fn adopt_upstream(
+        &mut self,
+        server: &str,
+        prefix: &str,
+        listed: Vec<UpstreamTool>,
+    ) -> Result<Vec<String>, Vec<RegistryMistake>> {
+        let mut mistakes = Vec::new();
+        let mut operations = Vec::new();
+        for tool in listed {
+            let operation = format!("mcp.{server}.{}", tool.name);
+            let declared = self
+                .tools
+                .values_mut()
+                .find(|spec| spec.connector == operation);
+            let spec = match declared {
+                Some(spec) => {
+                    spec.schema.get_or_insert(tool.schema);
+                    if spec.description.is_none() {
+                        spec.description = tool.description;
+                    }
+                    spec.clone()
+                }
+                None => {
+                    let name = format!("{prefix}_{}", tool.name);
+                    if self.tools.contains_key(&name) {
+                        mistakes.push(RegistryMistake {
+                            tool: name,
+                            field: "name",
+                            problem: format!(
+                                "declared in the tools file and also listed by the upstream MCP server `{server}`; \
+                                 give the server another prefix"
+                            ),
+                        });
+                        continue;
+                    }
+                    let spec = ToolSpec::listed_upstream(name, operation.clone(), tool);
+                    self.tools.insert(spec.name.clone(), spec.clone());
+                    spec
+                }
+            };
+            if let Some(schema) = &spec.schema {
+                match compile_schema(schema) {
+                    Ok(validator) => {
+                        self.schemas.0.insert(spec.name.clone(), Arc::new(validator));
+                    }
+                    Err(problem) => mistakes.push(RegistryMistake {
+                        tool: spec.name.clone(),
+                        field: "schema",
+                        problem: format!("as listed by the upstream MCP server `{server}`: {problem}"),
+                    }),
+                }
+            }
+            operations.push(operation);
+        }
+        if mistakes.is_empty() {
+            Ok(operations)
+        } else {
+            Err(mistakes)
         }
     }
 

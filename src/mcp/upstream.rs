@@ -1,0 +1,416 @@
+//! Upstream MCP servers: tools another MCP server offers, called through
+//! the saga log like any other.
+//!
+//! The tools file names each server under `[connectors.mcp.NAME]`, reached
+//! by a command (stdio) or a URL (streamable HTTP):
+//!
+//! ```toml
+//! [connectors.mcp.everything]
+//! command = ["node", "server-everything/dist/index.js", "stdio"]
+//! env = ["EVERYTHING_TOKEN"]   # the only variables the command inherits
+//! prefix = "everything"        # tools are listed as everything_TOOL
+//! timeout_ms = 30000           # no answer by then: the outcome is unknown
+//!
+//! [connectors.mcp.tickets]
+//! url = "https://mcp.example.com/mcp"
+//! token_env = "TICKETS_MCP_TOKEN"
+//! ```
+//!
+//! At start-up the harness connects to each, lists its tools and takes them
+//! in (see `Registry::adopt_upstream` for how they are classed). Each call
+//! carries the step's idempotency key in its `_meta` under [`KEY_META`], so
+//! an upstream that understands it can deduplicate. An upstream has no
+//! lookup: an unknown outcome becomes a question for a person, as for SMTP.
+
+use crate::connectors::ConnectorSet;
+use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
+use crate::saga::registry::{Registry, UpstreamTool};
+use async_trait::async_trait;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode,
+    RequestMetaObject,
+};
+use rmcp::service::{RunningService, ServiceError};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{Peer, RoleClient, ServiceExt};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The `_meta` field of an upstream call that carries the step's key.
+pub const KEY_META: &str = "dev.saga-harness/idempotency-key";
+
+/// Variables every command needs to start; nothing else of the harness's
+/// environment (its credentials) reaches an upstream unless named.
+const BASE_ENV: [&str; 4] = ["PATH", "HOME", "LANG", "TMPDIR"];
+
+/// `[connectors.mcp.NAME]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settings {
+    command: Option<Vec<String>>,
+    #[serde(default)]
+    env: Vec<String>,
+    url: Option<String>,
+    token_env: Option<String>,
+    prefix: Option<String>,
+    #[serde(default = "default_timeout_ms")]
+    timeout_ms: u64,
+}
+
+fn default_timeout_ms() -> u64 {
+    30_000
+}
+
+#[derive(Debug)]
+enum Reach {
+    Command {
+        program: String,
+        args: Vec<String>,
+        env: Vec<String>,
+    },
+    Url {
+        url: String,
+        token_env: Option<String>,
+    },
+}
+
+/// One upstream MCP server, connected on first need and again after its
+/// connection is lost.
+pub struct Upstream {
+    name: String,
+    reach: Reach,
+    timeout: Duration,
+    session: tokio::sync::Mutex<Option<RunningService<RoleClient, ()>>>,
+}
+
+impl Upstream {
+    fn from_settings(name: &str, value: &toml::Value) -> Result<(Upstream, String), String> {
+        let settings: Settings = value
+            .clone()
+            .try_into()
+            .map_err(|e: toml::de::Error| e.to_string().trim().to_owned())?;
+        let reach = match (settings.command, settings.url) {
+            (Some(command), None) => {
+                let mut words = command.into_iter();
+                let program = words
+                    .next()
+                    .filter(|p| !p.trim().is_empty())
+                    .ok_or("`command` is empty: name the program and its arguments")?;
+                if settings.token_env.is_some() {
+                    return Err("`token_env` is for a URL; pass a command its credentials with `env`".into());
+                }
+                Reach::Command {
+                    program,
+                    args: words.collect(),
+                    env: settings.env,
+                }
+            }
+            (None, Some(url)) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(format!("`url` must be http:// or https://, not {url:?}"));
+                }
+                if !settings.env.is_empty() {
+                    return Err("`env` is for a command; a URL takes its token from `token_env`".into());
+                }
+                Reach::Url {
+                    url,
+                    token_env: settings.token_env,
+                }
+            }
+            _ => return Err("name exactly one of `command` (stdio) and `url` (streamable HTTP)".into()),
+        };
+        if settings.timeout_ms == 0 {
+            return Err("`timeout_ms` must be above 0".into());
+        }
+        let prefix = settings.prefix.unwrap_or_else(|| name.to_owned());
+        Ok((
+            Upstream {
+                name: name.to_owned(),
+                reach,
+                timeout: Duration::from_millis(settings.timeout_ms),
+                session: tokio::sync::Mutex::new(None),
+            },
+            prefix,
+        ))
+    }
+
+    /// The live session's peer, connecting first when there is none.
+    async fn peer(&self) -> Result<Peer<RoleClient>, String> {
+        let mut session = self.session.lock().await;
+        if let Some(live) = session.as_ref() {
+            if !live.is_closed() && !live.peer().is_transport_closed() {
+                return Ok(live.peer().clone());
+            }
+        }
+        let connected = tokio::time::timeout(self.timeout, self.connect())
+            .await
+            .map_err(|_| format!("no answer to MCP's initialize within {:?}", self.timeout))??;
+        let peer = connected.peer().clone();
+        *session = Some(connected);
+        Ok(peer)
+    }
+
+    /// Drops a session whose transport failed; the next call reconnects.
+    async fn forget(&self) {
+        self.session.lock().await.take();
+    }
+
+    async fn connect(&self) -> Result<RunningService<RoleClient, ()>, String> {
+        match &self.reach {
+            Reach::Command { program, args, env } => {
+                let mut command = tokio::process::Command::new(program);
+                command.args(args).env_clear();
+                for name in BASE_ENV.iter().copied().chain(env.iter().map(String::as_str)) {
+                    if let Some(value) = std::env::var_os(name) {
+                        command.env(name, value);
+                    }
+                }
+                let (process, _) = TokioChildProcess::builder(command)
+                    .stderr(std::process::Stdio::inherit())
+                    .spawn()
+                    .map_err(|e| format!("cannot start `{program}`: {e}"))?;
+                ().serve(process)
+                    .await
+                    .map_err(|e| format!("`{program}` did not complete MCP's initialize: {e}"))
+            }
+            Reach::Url { url, token_env } => {
+                // Rustls needs one crypto provider chosen for the process;
+                // another part may have chosen it already.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+                if let Some(variable) = token_env {
+                    let token = std::env::var(variable)
+                        .map_err(|_| format!("the environment variable {variable} (`token_env`) is not set"))?;
+                    config = config.auth_header(token);
+                }
+                ().serve(StreamableHttpClientTransport::from_config(config))
+                    .await
+                    .map_err(|e| format!("{url} did not complete MCP's initialize: {e}"))
+            }
+        }
+    }
+
+    /// The upstream's tools, as the registry takes them in.
+    async fn listed(&self) -> Result<Vec<UpstreamTool>, String> {
+        let peer = self.peer().await?;
+        let tools = tokio::time::timeout(self.timeout, peer.list_all_tools())
+            .await
+            .map_err(|_| format!("no answer to tools/list within {:?}", self.timeout))?
+            .map_err(|e| format!("tools/list failed: {e}"))?;
+        Ok(tools
+            .into_iter()
+            .map(|tool| UpstreamTool {
+                name: tool.name.to_string(),
+                description: tool.description.map(|d| d.to_string()),
+                schema: Value::Object((*tool.input_schema).clone()),
+                read_only: tool
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.read_only_hint)
+                    .unwrap_or(false),
+            })
+            .collect())
+    }
+
+    fn tool_of<'a>(&self, operation: &'a str) -> Option<&'a str> {
+        operation
+            .strip_prefix("mcp.")
+            .and_then(|rest| rest.strip_prefix(self.name.as_str()))
+            .and_then(|rest| rest.strip_prefix('.'))
+    }
+}
+
+#[async_trait]
+impl Connector for Upstream {
+    async fn execute(&self, operation: &str, key: &str, args: &Value) -> CallReport {
+        let Some(tool) = self.tool_of(operation) else {
+            return CallReport::NotSent {
+                reason: format!("{operation} is not a tool of the MCP server {}", self.name),
+            };
+        };
+        let peer = match self.peer().await {
+            Ok(peer) => peer,
+            Err(reason) => return CallReport::NotSent { reason },
+        };
+        let mut params = CallToolRequestParams::new(tool.to_owned());
+        if let Value::Object(args) = args {
+            params = params.with_arguments(args.clone());
+        }
+        let mut meta = RequestMetaObject::new();
+        meta.0 .0.insert(KEY_META.to_owned(), Value::String(key.to_owned()));
+        params.meta = Some(meta);
+        match tokio::time::timeout(self.timeout, peer.call_tool_once(params)).await {
+            Err(_) => CallReport::TimedOut,
+            Ok(Ok(CallToolResponse::Complete(result))) => report_of(&result),
+            // The upstream took the call on and wants more (input, or a
+            // task to poll): the effect may follow.
+            Ok(Ok(_)) => CallReport::Answered {
+                status: 202,
+                body: None,
+                idempotency_conflict: false,
+            },
+            Ok(Err(error)) => {
+                let report = report_of_error(&error);
+                if matches!(report, CallReport::ResetAfterSend | CallReport::NotSent { .. }) {
+                    self.forget().await;
+                }
+                report
+            }
+        }
+    }
+
+    async fn lookup(&self, _: &str, _: &str, _: &Value) -> Result<Lookup, LookupError> {
+        Err(LookupError::Unsupported)
+    }
+
+    fn has_lookup(&self, _operation: &str) -> bool {
+        false
+    }
+
+    /// The result's `id` when its structured content has one; otherwise a
+    /// fingerprint of the answer, so the log can tell answers apart.
+    fn external_ref(&self, _operation: &str, body: &Value) -> Option<String> {
+        body.get("content")?.as_array()?;
+        let id = body.pointer("/structuredContent/id").and_then(|id| match id {
+            Value::String(s) if !s.is_empty() => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        });
+        Some(id.unwrap_or_else(|| {
+            let digest = Sha256::digest(body.to_string().as_bytes());
+            let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+            format!("answer-{hex}")
+        }))
+    }
+}
+
+/// A complete answer: a result, or the tool's own error (`isError`), which
+/// says the call was refused.
+fn report_of(result: &CallToolResult) -> CallReport {
+    if result.is_error == Some(true) {
+        return CallReport::Answered {
+            status: 422,
+            body: Some(json!({"error": {"message": text_of(result)}})),
+            idempotency_conflict: false,
+        };
+    }
+    CallReport::Answered {
+        status: 200,
+        body: serde_json::to_value(result).ok(),
+        idempotency_conflict: false,
+    }
+}
+
+/// A JSON-RPC error that says the request was not acted on (bad params, no
+/// such tool) is a refusal; any other error after sending is unknown.
+fn report_of_error(error: &ServiceError) -> CallReport {
+    match error {
+        ServiceError::McpError(error)
+            if [
+                ErrorCode::INVALID_REQUEST,
+                ErrorCode::METHOD_NOT_FOUND,
+                ErrorCode::INVALID_PARAMS,
+            ]
+            .contains(&error.code) =>
+        {
+            CallReport::Answered {
+                status: 400,
+                body: Some(json!({"error": {"message": error.message}})),
+                idempotency_conflict: false,
+            }
+        }
+        ServiceError::McpError(error) => CallReport::Answered {
+            status: 500,
+            body: Some(json!({"error": {"message": error.message}})),
+            idempotency_conflict: false,
+        },
+        ServiceError::Timeout { .. } => CallReport::TimedOut,
+        ServiceError::TransportSend(error) if refused_connection(error) => {
+            CallReport::NotSent {
+                reason: format!("the MCP server refused the connection: {error}"),
+            }
+        }
+        _ => CallReport::ResetAfterSend,
+    }
+}
+
+/// Whether the error's causes include a refused connection: then nothing
+/// was sent.
+fn refused_connection(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if error
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
+fn text_of(result: &CallToolResult) -> String {
+    let text: Vec<&str> = result
+        .content
+        .iter()
+        .filter_map(|block| match block {
+            ContentBlock::Text(text) => Some(text.text.as_str()),
+            _ => None,
+        })
+        .collect();
+    if text.is_empty() {
+        "the tool reported an error and said nothing more".to_owned()
+    } else {
+        text.join("\n")
+    }
+}
+
+/// Connects to every upstream MCP server the tools file names, takes its
+/// tools into the registry and routes their operations to it. All mistakes
+/// are reported at once, each naming the server.
+pub async fn attach(
+    registry: &mut Registry,
+    mut connectors: ConnectorSet,
+) -> Result<ConnectorSet, Vec<String>> {
+    let Some(servers) = registry.connector_settings().get("mcp").cloned() else {
+        return Ok(connectors);
+    };
+    let Some(servers) = servers.as_table() else {
+        return Err(vec!["connector `mcp`: expected a table of MCP servers ([connectors.mcp.NAME])".into()]);
+    };
+    let mut mistakes = Vec::new();
+    for (name, settings) in servers {
+        let say = |problem: String| format!("upstream MCP server `{name}`: {problem}");
+        let (upstream, prefix) = match Upstream::from_settings(name, settings) {
+            Ok(built) => built,
+            Err(problem) => {
+                mistakes.push(say(problem));
+                continue;
+            }
+        };
+        let listed = match upstream.listed().await {
+            Ok(listed) => listed,
+            Err(problem) => {
+                mistakes.push(say(problem));
+                continue;
+            }
+        };
+        match registry.adopt_upstream(name, &prefix, listed) {
+            Ok(operations) => {
+                let names: Vec<&str> = operations.iter().map(String::as_str).collect();
+                connectors = connectors.serve(&names, Arc::new(upstream));
+            }
+            Err(found) => mistakes.extend(found.into_iter().map(|m| say(m.to_string()))),
+        }
+    }
+    if mistakes.is_empty() {
+        Ok(connectors)
+    } else {
+        Err(mistakes)
+    }
+}
