@@ -102,6 +102,8 @@ async fn client(
     token: &str,
     run_header: Option<&str>,
 ) -> RunningService<RoleClient, ()> {
+    // The SDK's HTTP client takes the process's rustls crypto provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(token);
     if let Some(run) = run_header {
         config = config.custom_headers(HashMap::from([(
@@ -339,6 +341,77 @@ async fn a_tools_argument_schema_is_served_and_every_new_call_is_checked_against
     let (_, view) = h.api(&format!("/runs/{run}"), None).await;
     assert_eq!(view["steps"].as_array().unwrap().len(), 0, "{view}");
     assert!(h.sims.warehouse.ledger().of("shipment.created").is_empty());
+    client.cancel().await.unwrap();
+}
+
+/// The pivot over MCP: `saga_propose_pivot` holds the plan for a person
+/// and says where they decide; a reworded second call reads the plan that
+/// waits (it does not replace it); once approved, calling again answers
+/// the commit steps' outcomes. Ledgers: one shipment, one capture, one
+/// letter, to the customer of the call.
+#[tokio::test]
+async fn mcp_the_pivot_waits_for_a_person_and_a_call_after_the_decision_reads_the_commit() {
+    let h = start(common::sqlite()).await;
+    let client = client(&format!("{}/mcp", h.base), &h.token, Some("lamp")).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let pivot_tool = tools.iter().find(|t| t.name == "saga_propose_pivot").unwrap();
+    assert!(
+        pivot_tool.description.as_deref().unwrap_or_default().contains("send_email"),
+        "the pivot tool names the commit steps: {:?}",
+        pivot_tool.description
+    );
+    let hold = structured(
+        &call(&client, "authorize_payment", json!({"customer": "cus_grace", "amount": 3200, "currency": "usd"})).await,
+    );
+    assert_eq!(hold["outcome"], "confirmed", "{hold}");
+    let plan = |summary: &str| {
+        json!({"summary": summary, "commit": [
+            {"tool": "capture_payment", "args": {"intent_key": hold["key"], "amount": 3200}},
+            {"tool": "send_email", "args": {"to": "grace@example.com", "subject": "Your replacement lamp", "body": "A new lamp ships today."}}
+        ]})
+    };
+    let proposed = call(&client, "saga_propose_pivot", plan("Capture the hold and tell Grace")).await;
+    let waiting = structured(&proposed);
+    assert_eq!(waiting["outcome"], "awaiting_approval", "{waiting}");
+    assert!(format!("{:?}", proposed.content).contains(&format!("{}/runs/", h.base)));
+    let again = structured(&call(&client, "saga_propose_pivot", plan("Capture Grace's hold, email her")).await);
+    assert_eq!(again["approval_id"], waiting["approval_id"], "{again}");
+    assert_eq!(again["summary"], "Capture the hold and tell Grace");
+    assert!(h.sims.smtp.ledger().of("email.received").is_empty());
+
+    let approval = h
+        .state
+        .store
+        .approval(waiting["approval_id"].as_i64().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    h.state
+        .engine
+        .decide_pivot(
+            approval.id,
+            &approval.digest,
+            true,
+            &saga_harness::saga::model::Actor::User("lead".into()),
+        )
+        .await
+        .unwrap();
+    let decided = call(&client, "saga_propose_pivot", plan("Capture the hold and tell Grace")).await;
+    assert_ne!(decided.is_error, Some(true), "{:?}", decided.content);
+    let decided = structured(&decided);
+    assert_eq!(decided["outcome"], "approved", "{decided}");
+    assert_eq!(decided["decided_by"], "lead");
+    let outcomes: Vec<&str> = decided["commit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["confirmed", "confirmed"], "{decided}");
+    assert_eq!(h.sims.stripe.ledger().of("payment_intent.captured").len(), 1);
+    let letters = h.sims.smtp.ledger().of("email.received");
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].detail["to"], json!(["grace@example.com"]));
     client.cancel().await.unwrap();
 }
 

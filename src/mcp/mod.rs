@@ -22,9 +22,11 @@
 
 pub mod upstream;
 
-use crate::saga::class::ToolClass;
+use crate::saga::class::{Phase, ToolClass};
 use crate::saga::engine::{CallOutcome, Engine, OutcomeKind, Refusal};
-use crate::saga::model::NewRun;
+use crate::saga::model::{Actor, Approval, NewRun, Step};
+use crate::saga::pivot::PlannedCall;
+use crate::saga::status::ApprovalStatus;
 use crate::saga::registry::{Registry, ToolSpec};
 use crate::saga::store::SagaStore;
 use rmcp::model::{
@@ -45,6 +47,9 @@ pub const RUN_HEADER: &str = "x-saga-run";
 /// The pure tool that reads the run's log.
 pub const RUN_TOOL: &str = "saga_run";
 
+/// The tool that asks a person to approve the run's irreversible steps.
+pub const PIVOT_TOOL: &str = "saga_propose_pivot";
+
 /// The agent an MCP request was authenticated as (set by the router's
 /// bearer check before the request reaches the gateway).
 #[derive(Clone, Debug)]
@@ -53,6 +58,14 @@ pub struct McpAgent(pub String);
 /// The run label from `/mcp/runs/<label>`.
 #[derive(Clone, Debug)]
 pub struct PathRun(pub String);
+
+/// `saga_propose_pivot`'s arguments.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Proposal {
+    summary: String,
+    commit: Vec<PlannedCall>,
+}
 
 /// Who is calling, as the request says.
 struct Caller {
@@ -81,6 +94,12 @@ impl Gateway {
             .map(tool_of)
             .collect();
         tools.push(run_tool());
+        let commit_steps: Vec<&str> = registry
+            .tools()
+            .filter(|spec| spec.class == ToolClass::Irreversible && !spec.way_back_only)
+            .map(|spec| spec.name.as_str())
+            .collect();
+        tools.push(pivot_tool(&commit_steps));
         Gateway {
             engine,
             tools: Arc::new(tools),
@@ -168,23 +187,162 @@ impl Gateway {
             Ok(id) => id,
             Err(why) => return refused(&why),
         };
+        let page = caller
+            .origin
+            .as_ref()
+            .map(|origin| format!("{origin}/runs/{run_id}"));
         if tool == RUN_TOOL {
             return self.run_log(agent, run_id).await;
+        }
+        if tool == PIVOT_TOOL {
+            return self.pivot(agent, run_id, args, page.as_deref()).await;
         }
         match self
             .engine
             .call_choosing_step(agent, run_id, tool, args)
             .await
         {
-            Ok(outcome) => {
-                let page = caller
-                    .origin
-                    .as_ref()
-                    .map(|origin| format!("{origin}/runs/{run_id}"));
-                answer(tool, &outcome, page.as_deref())
-            }
+            Ok(outcome) => answer(tool, &outcome, page.as_deref()),
             Err(refusal) => refused(&refusal_words(&refusal)),
         }
+    }
+
+    /// `saga_propose_pivot`. Like any other call, a second call reads the
+    /// first one's state rather than acting again: while a plan waits,
+    /// calling again answers where it stands (a reworded plan does not
+    /// replace the one a person may be reading); once decided, it answers
+    /// the decision and the commit steps' outcomes.
+    async fn pivot(
+        &self,
+        agent: &str,
+        run_id: Uuid,
+        args: Value,
+        page: Option<&str>,
+    ) -> CallToolResult {
+        let run = match self.engine.agents_run(agent, run_id).await {
+            Ok(run) => run,
+            Err(refusal) => return refused(&refusal_words(&refusal)),
+        };
+        let standing = match run.pivot_approval_id {
+            Some(id) => match self.store().approval(id).await {
+                Ok(approval) => approval.filter(|a| a.status != ApprovalStatus::Superseded),
+                Err(e) => return refused(&e.to_string()),
+            },
+            None => None,
+        };
+        let approval = match standing {
+            Some(approval) if approval.status != ApprovalStatus::Pending => {
+                return self.pivot_decided(agent, run_id, &approval).await;
+            }
+            Some(approval) => approval,
+            None => {
+                let proposal: Proposal = match serde_json::from_value(args) {
+                    Ok(proposal) => proposal,
+                    Err(e) => {
+                        return refused(&format!(
+                            "the arguments are {{\"summary\": text, \"commit\": [{{\"tool\": name, \"args\": {{…}}}}]}}: {e}"
+                        ))
+                    }
+                };
+                match self
+                    .engine
+                    .propose_pivot(agent, run_id, &proposal.summary, proposal.commit)
+                    .await
+                {
+                    Ok(approval) => approval,
+                    Err(refusal) => return refused(&refusal_words(&refusal)),
+                }
+            }
+        };
+        let text = format!(
+            "awaiting_approval: the plan waits for a person's approval; nothing in it was sent \
+             and the run takes no other call until then. {}Call {PIVOT_TOOL} again later \
+             to read the decision and the commit's outcome.",
+            page.map(|page| format!("A support lead decides at {page}. "))
+                .unwrap_or_default()
+        );
+        let structured = json!({
+            "outcome": "awaiting_approval",
+            "approval_id": approval.id,
+            "summary": approval.summary,
+            "plan": approval.plan,
+            "expires_at": approval.expires_at,
+        });
+        result(text, Some(structured), false)
+    }
+
+    /// A decided pivot, as the model reads it: approved with the commit
+    /// steps' outcomes; rejected by a person; or expired, which nobody
+    /// decided.
+    async fn pivot_decided(&self, agent: &str, run_id: Uuid, approval: &Approval) -> CallToolResult {
+        let (run, steps, _) = match self.engine.agents_view(agent, run_id).await {
+            Ok(view) => view,
+            Err(refusal) => return refused(&refusal_words(&refusal)),
+        };
+        let commit: Vec<&Step> = steps
+            .iter()
+            .filter(|s| s.phase == Phase::AfterPivot)
+            .collect();
+        let by = approval
+            .decided_by
+            .as_deref()
+            .map(|stored| Actor::parse(stored).name().to_owned())
+            .unwrap_or_default();
+        let (outcome, mut text, is_error) = match approval.status {
+            ApprovalStatus::Approved => (
+                "approved",
+                format!("approved by {by}; the commit steps ran through the log:"),
+                false,
+            ),
+            ApprovalStatus::Expired => (
+                "expired",
+                "expired: nobody decided before the deadline, so nothing in the plan was sent \
+                 and the staged steps are undone. Nobody rejected it: propose again in a new run \
+                 if it is still wanted"
+                    .to_owned(),
+                true,
+            ),
+            _ => (
+                "rejected",
+                format!(
+                    "rejected by {by}{}: nothing in the plan was sent and the staged steps are \
+                     undone. Go on without it",
+                    approval
+                        .note
+                        .as_deref()
+                        .map(|note| format!(" ({note})"))
+                        .unwrap_or_default()
+                ),
+                true,
+            ),
+        };
+        for step in &commit {
+            text.push_str(&format!(
+                "\nstep {}: {} — {}",
+                step.step_idx,
+                step.tool,
+                OutcomeKind::of(step.status).as_str()
+            ));
+            if let Some(reference) = &step.external_ref {
+                text.push_str(&format!(" ({reference})"));
+            }
+        }
+        let structured = json!({
+            "outcome": outcome,
+            "approval_id": approval.id,
+            "decided_by": by,
+            "decided_at": approval.decided_at,
+            "run_status": run.status.as_str(),
+            "commit": commit.iter().map(|s| json!({
+                "step": s.step_idx,
+                "tool": s.tool,
+                "outcome": OutcomeKind::of(s.status).as_str(),
+                "external_ref": s.external_ref,
+                "result": s.result,
+                "error": s.error,
+            })).collect::<Vec<_>>(),
+        });
+        result(text, Some(structured), is_error)
     }
 
     /// `saga_run`: the run's log, for a model.
@@ -330,6 +488,53 @@ fn run_tool() -> Tool {
             .destructive(false)
             .idempotent(true)
             .open_world(false),
+    )
+}
+
+/// The pivot as a tool: a summary for the person and the commit steps.
+fn pivot_tool(commit_steps: &[&str]) -> Tool {
+    let Value::Object(schema) = json!({
+        "type": "object",
+        "required": ["summary", "commit"],
+        "properties": {
+            "summary": {"type": "string", "description": "What the plan does and why, for the person who approves it."},
+            "commit": {
+                "type": "array",
+                "minItems": 1,
+                "description": "The irreversible calls to make once approved, in order.",
+                "items": {
+                    "type": "object",
+                    "required": ["tool"],
+                    "properties": {
+                        "tool": {"type": "string"},
+                        "args": {"type": "object"}
+                    }
+                }
+            }
+        }
+    }) else {
+        unreachable!("a JSON object literal")
+    };
+    let steps = if commit_steps.is_empty() {
+        String::new()
+    } else {
+        format!(" Commit steps may call: {}.", commit_steps.join(", "))
+    };
+    Tool::new(
+        PIVOT_TOOL,
+        format!(
+            "Asks a person to approve the run's irreversible calls (the pivot). Nothing in the \
+             plan is sent until they approve; then the harness makes each call once, under its \
+             own key. Stage everything that can be undone first.{steps}"
+        ),
+        Arc::new(schema),
+    )
+    .with_annotations(
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .idempotent(true)
+            .open_world(true),
     )
 }
 

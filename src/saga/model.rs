@@ -20,6 +20,30 @@ pub enum Actor {
     System,
 }
 
+impl Actor {
+    /// Reads an actor as the log stores it (`user:lead`, `agent:bot`,
+    /// `system`); anything else is taken as a person's name.
+    pub fn parse(stored: &str) -> Actor {
+        if let Some(name) = stored.strip_prefix("user:") {
+            Actor::User(name.to_owned())
+        } else if let Some(name) = stored.strip_prefix("agent:") {
+            Actor::Agent(name.to_owned())
+        } else if stored == "system" {
+            Actor::System
+        } else {
+            Actor::User(stored.to_owned())
+        }
+    }
+
+    /// Who it is, in words: a person's or an agent's name, or the harness.
+    pub fn name(&self) -> &str {
+        match self {
+            Actor::Agent(name) | Actor::User(name) => name,
+            Actor::System => "the harness",
+        }
+    }
+}
+
 impl fmt::Display for Actor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
