@@ -6,7 +6,8 @@
 //! leaves behind is what a support lead meets on a normal morning:
 //!
 //! - the seed's incident unwound: one Jira ticket closed, one charge
-//!   refunded, no apology sent;
+//!   refunded, no apology sent; and the same again by the agent's twin
+//!   that speaks MCP (through `/mcp`, no step numbers);
 //! - a refund-and-reship run waiting at its pivot;
 //! - a run whose customer email went out and was then unwound, its
 //!   correction waiting for sign-off;
@@ -35,6 +36,7 @@ pub const SUPPORT_TOOLS: &str = include_str!("../tools/support.toml");
 /// again through the API: `POST /api/v1/runs` with the same label returns
 /// the run.
 pub const INCIDENT: &str = "demo-incident-kettle";
+pub const INCIDENT_OVER_MCP: &str = "demo-incident-kettle-mcp";
 pub const AT_PIVOT: &str = "demo-reship-lamp";
 pub const CORRECTION: &str = "demo-email-correction";
 pub const ATTENTION: &str = "demo-needs-attention";
@@ -96,6 +98,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "  dashboard: {site}/  sign in as admin, lead (approver) or viewer, password {password}"
     );
     println!("  agent API: {site}/api/v1  token {token}");
+    println!("  MCP:       {site}/mcp/runs/<label>  (or {site}/mcp with the header X-Saga-Run: <label>)");
+    println!("  an MCP client's configuration (the run is named in the URL):");
+    println!(
+        r#"    {{ "mcpServers": {{ "support": {{ "url": "{site}/mcp/runs/my-first-case", "headers": {{ "Authorization": "Bearer {token}" }} }} }} }}"#
+    );
     for (label, run) in &runs {
         println!("  run {label:<24} {run}");
     }
@@ -159,48 +166,17 @@ async fn stage(
 
     // 1. The seed's incident: a ticket whose creation timed out at the
     //    gateway, a charge answered by a blank page, a replacement the
-    //    warehouse refuses, and the agent unwinding.
+    //    warehouse refuses, and the agent unwinding; then the same again
+    //    by an agent that speaks MCP.
     let run = agent
         .start_run(INCIDENT, "Ada's kettle arrived broken: replace it")
         .await?;
-    agent
-        .read("search_orders", &run, json!({"customer": "cus_ada"}))
-        .await?;
-    sims.jira.state.faults.inject(FaultRule::new(
-        "POST",
-        "/rest/api/3/issue",
-        Fault::CommitThen504,
-    ));
-    agent
-        .act(&run, "create_ticket", json!({"summary": "Ada's kettle arrived broken", "description": "Order ord_1001; customer asks for a replacement."}))
-        .await?;
-    sims.stripe.state.faults.inject(FaultRule::new(
-        "POST",
-        "/v1/payment_intents",
-        Fault::CommitThenBlank,
-    ));
-    agent
-        .act(&run, "charge_card", json!({"customer": "cus_ada", "amount": 900, "currency": "usd", "email": "ada@example.com", "receipt": false, "description": "Express shipping for the replacement kettle"}))
-        .await?;
-    sims.warehouse.state.faults.inject(FaultRule::new(
-        "POST",
-        "/v1/shipments",
-        Fault::Reject {
-            status: 422,
-            message: "KETTLE-2 is out of stock".into(),
-        },
-    ));
-    agent
-        .act(
-            &run,
-            "reship",
-            json!({"order_id": "ord_1001", "items": ["KETTLE-2"], "email": "ada@example.com"}),
-        )
-        .await?;
-    agent
-        .unwind(&run, "the replacement kettle is out of stock")
-        .await?;
+    seed_incident(&ApiRun { agent, run: &run }, sims).await?;
     runs.push((INCIDENT, run));
+    let twin = McpRun::connect(&agent.site(), &agent.token, INCIDENT_OVER_MCP).await?;
+    seed_incident(&twin, sims).await?;
+    runs.push((INCIDENT_OVER_MCP, twin.run_id().await?));
+    twin.close().await;
 
     // 2. Refund and reship, staged and waiting for a person at the pivot.
     let run = agent
@@ -270,6 +246,147 @@ async fn stage(
     Ok(runs)
 }
 
+/// What the seed's agent does, through whichever door it uses.
+trait IncidentAgent {
+    async fn read(&self, tool: &str, args: Value) -> anyhow::Result<Value>;
+    async fn act(&self, tool: &str, args: Value) -> anyhow::Result<Value>;
+    async fn unwind(&self, reason: &str) -> anyhow::Result<Value>;
+}
+
+/// The seed's incident, with its faults arranged in the simulators: the
+/// ticket's creation answered by a 504 after it was made, the charge by a
+/// blank 200, the replacement refused; the agent unwinds.
+async fn seed_incident(agent: &impl IncidentAgent, sims: &Simulators) -> anyhow::Result<()> {
+    agent
+        .read("search_orders", json!({"customer": "cus_ada"}))
+        .await?;
+    sims.jira.state.faults.inject(FaultRule::new(
+        "POST",
+        "/rest/api/3/issue",
+        Fault::CommitThen504,
+    ));
+    agent
+        .act("create_ticket", json!({"summary": "Ada's kettle arrived broken", "description": "Order ord_1001; customer asks for a replacement."}))
+        .await?;
+    sims.stripe.state.faults.inject(FaultRule::new(
+        "POST",
+        "/v1/payment_intents",
+        Fault::CommitThenBlank,
+    ));
+    agent
+        .act("charge_card", json!({"customer": "cus_ada", "amount": 900, "currency": "usd", "email": "ada@example.com", "receipt": false, "description": "Express shipping for the replacement kettle"}))
+        .await?;
+    sims.warehouse.state.faults.inject(FaultRule::new(
+        "POST",
+        "/v1/shipments",
+        Fault::Reject {
+            status: 422,
+            message: "KETTLE-2 is out of stock".into(),
+        },
+    ));
+    agent
+        .act(
+            "reship",
+            json!({"order_id": "ord_1001", "items": ["KETTLE-2"], "email": "ada@example.com"}),
+        )
+        .await?;
+    agent
+        .unwind("the replacement kettle is out of stock")
+        .await?;
+    Ok(())
+}
+
+/// The scripted agent on one run of the agent API.
+struct ApiRun<'a> {
+    agent: &'a ScriptedAgent,
+    run: &'a str,
+}
+
+impl IncidentAgent for ApiRun<'_> {
+    async fn read(&self, tool: &str, args: Value) -> anyhow::Result<Value> {
+        self.agent.read(tool, self.run, args).await
+    }
+
+    async fn act(&self, tool: &str, args: Value) -> anyhow::Result<Value> {
+        self.agent.act(self.run, tool, args).await
+    }
+
+    async fn unwind(&self, reason: &str) -> anyhow::Result<Value> {
+        self.agent.unwind(self.run, reason).await
+    }
+}
+
+/// The scripted agent's twin that speaks MCP (the official Rust SDK's
+/// client): no steps, no run ids, the run named once in its URL. Like a
+/// model it calls a tool again, reworded, until the answer is final.
+struct McpRun {
+    client: rmcp::service::RunningService<rmcp::RoleClient, ()>,
+}
+
+impl McpRun {
+    async fn connect(site: &str, token: &str, label: &str) -> anyhow::Result<McpRun> {
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        use rmcp::transport::StreamableHttpClientTransport;
+        use rmcp::ServiceExt as _;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let url = format!("{site}/mcp/runs/{label}");
+        let config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).auth_header(token);
+        let client = ()
+            .serve(StreamableHttpClientTransport::from_config(config))
+            .await
+            .with_context(|| format!("connecting to {url}"))?;
+        Ok(McpRun { client })
+    }
+
+    async fn call(&self, tool: &str, args: Value) -> anyhow::Result<Value> {
+        let Value::Object(args) = args else {
+            bail!("{tool}: arguments are an object")
+        };
+        let answer = self
+            .client
+            .call_tool(rmcp::model::CallToolRequestParams::new(tool.to_owned()).with_arguments(args))
+            .await
+            .with_context(|| format!("calling {tool} over MCP"))?;
+        Ok(answer.structured_content.unwrap_or(Value::Null))
+    }
+
+    async fn run_id(&self) -> anyhow::Result<String> {
+        let log = self.call(crate::mcp::RUN_TOOL, json!({})).await?;
+        log["run"]["id"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| anyhow!("saga_run named no run: {log}"))
+    }
+
+    async fn close(self) {
+        let _ = self.client.cancel().await;
+    }
+}
+
+impl IncidentAgent for McpRun {
+    async fn read(&self, tool: &str, args: Value) -> anyhow::Result<Value> {
+        self.call(tool, args).await
+    }
+
+    async fn act(&self, tool: &str, args: Value) -> anyhow::Result<Value> {
+        let mut last = Value::Null;
+        for attempt in 0..3 {
+            last = self.call(tool, reword(&args, attempt)).await?;
+            tracing::info!(tool, attempt, outcome = %last["outcome"], "demo MCP agent call");
+            if matches!(last["outcome"].as_str(), Some("confirmed" | "failed" | "rejected")) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        Ok(last)
+    }
+
+    async fn unwind(&self, reason: &str) -> anyhow::Result<Value> {
+        self.call(crate::mcp::UNWIND_TOOL, json!({"reason": reason}))
+            .await
+    }
+}
+
 /// An agent as a language model drives the API: eager, wordy, trusting.
 pub struct ScriptedAgent {
     http: reqwest::Client,
@@ -287,6 +404,11 @@ impl ScriptedAgent {
             base: base.to_owned(),
             token: token.to_owned(),
         }
+    }
+
+    /// The server's own address, without the API's path.
+    fn site(&self) -> String {
+        self.base.trim_end_matches("/api/v1").to_owned()
     }
 
     async fn post(&self, path: &str, body: Value) -> anyhow::Result<(u16, Value)> {

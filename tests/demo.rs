@@ -94,14 +94,19 @@ async fn the_demo_leaves_the_four_stories_visible_through_the_api() {
     let count =
         |effects: &[Value], action: &str| effects.iter().filter(|e| e["action"] == action).count();
 
-    // The seed's incident, unwound: one ticket closed, one refund, no apology.
-    let incident = run("demo-incident-kettle").await;
-    assert_eq!(incident["run"]["status"], "UNWOUND", "{incident}");
+    // The seed's incident, unwound: one ticket closed, one refund, no
+    // apology; and the same again by the agent's twin that speaks MCP.
+    assert!(text.contains("/mcp/runs/"), "the MCP address is printed: {text}");
+    for label in ["demo-incident-kettle", "demo-incident-kettle-mcp"] {
+        let incident = run(label).await;
+        assert_eq!(incident["run"]["status"], "UNWOUND", "{label}: {incident}");
+    }
     let jira = ledger("jira").await;
-    assert_eq!(count(&jira, "issue.created"), 1);
-    assert_eq!(count(&jira, "issue.transitioned"), 1);
+    assert_eq!(count(&jira, "issue.created"), 2);
+    assert_eq!(count(&jira, "issue.transitioned"), 2);
     let stripe = ledger("stripe").await;
-    assert_eq!(count(&stripe, "refund.created"), 1);
+    assert_eq!(count(&stripe, "payment_intent.created"), 2 + 1, "two charges and the lamp's hold");
+    assert_eq!(count(&stripe, "refund.created"), 2);
     assert!(
         ledger("warehouse").await.is_empty(),
         "the reship was refused"
@@ -149,10 +154,13 @@ async fn the_demo_leaves_the_four_stories_visible_through_the_api() {
                 .collect::<Vec<_>>()
         }
     };
-    assert_eq!(
-        addressed("demo-incident-kettle").await,
-        vec![vec!["finance@example.com".to_owned()]]
-    );
+    for label in ["demo-incident-kettle", "demo-incident-kettle-mcp"] {
+        assert_eq!(
+            addressed(label).await,
+            vec![vec!["finance@example.com".to_owned()]],
+            "{label}"
+        );
+    }
     assert_eq!(
         addressed("demo-email-correction").await,
         vec![vec!["alan@example.com".to_owned()]]

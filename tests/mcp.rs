@@ -140,6 +140,11 @@ fn reship(email: &str) -> Value {
 async fn mcp_lists_every_agent_tool_with_annotations_from_its_class() {
     let h = start(common::sqlite()).await;
     let client = client(&format!("{}/mcp", h.base), &h.token, Some("listing")).await;
+    // A client that starts with `initialize` gets the previous version.
+    assert_eq!(
+        client.peer_info().map(|info| info.protocol_version.to_string()),
+        Some("2025-11-25".to_owned())
+    );
     let tools = client.list_all_tools().await.unwrap();
     let by_name: HashMap<_, _> = tools.iter().map(|t| (t.name.to_string(), t)).collect();
     let hints = |name: &str| {
@@ -166,6 +171,42 @@ async fn mcp_lists_every_agent_tool_with_annotations_from_its_class() {
     ] {
         assert!(!by_name.contains_key(hidden), "{hidden} is listed");
     }
+    client.cancel().await.unwrap();
+}
+
+/// A client on the current specification (2026-07-28: `server/discover`,
+/// no `initialize`, each request self-contained) finds the gateway and
+/// calls through it, the run named by header as before.
+#[tokio::test]
+async fn mcp_a_client_on_the_2026_07_28_specification_discovers_the_gateway_and_calls_through_it() {
+    use rmcp::model::ProtocolVersion;
+    use rmcp::{ClientLifecycleMode, ClientServiceExt};
+    let h = start(common::sqlite()).await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", h.base))
+        .auth_header(h.token.clone())
+        .custom_headers(HashMap::from([(
+            HeaderName::from_static("x-saga-run"),
+            HeaderValue::from_static("current-spec"),
+        )]));
+    let client = ()
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_config(config),
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("server/discover answers");
+    assert_eq!(
+        client.peer_info().map(|info| info.protocol_version.to_string()),
+        Some("2026-07-28".to_owned())
+    );
+    let tools = client.list_all_tools().await.unwrap();
+    assert!(tools.iter().any(|t| t.name == "reship"));
+    let made = structured(&call(&client, "reship", reship("grace@example.com")).await);
+    assert_eq!(made["outcome"], "confirmed", "{made}");
+    assert_eq!(h.sims.warehouse.ledger().of("shipment.created").len(), 1);
     client.cancel().await.unwrap();
 }
 
@@ -413,6 +454,70 @@ async fn mcp_the_pivot_waits_for_a_person_and_a_call_after_the_decision_reads_th
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].detail["to"], json!(["grace@example.com"]));
     client.cancel().await.unwrap();
+}
+
+/// The seed incident through `/mcp`, driven by the official TypeScript
+/// SDK's client (end2end/mcp/seed-incident.mjs) against the simulators: a
+/// ticket whose creation answered 504, a charge answered by a blank 200, a
+/// replacement the warehouse refuses, and the unwind. The ledgers: one
+/// ticket, closed once; one charge, refunded once; no letter to anyone.
+#[tokio::test]
+async fn the_typescript_sdk_client_replays_the_seed_incident_through_mcp_and_every_effect_is_taken_back_once(
+) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("end2end/mcp/seed-incident.mjs");
+    everything_server(); // the npm packages are installed
+    let h = start(common::sqlite()).await;
+    let faults = [
+        (&h.sims.jira, "/rest/api/3/issue", Fault::CommitThen504),
+        (&h.sims.stripe, "/v1/payment_intents", Fault::CommitThenBlank),
+        (
+            &h.sims.warehouse,
+            "/v1/shipments",
+            Fault::Reject {
+                status: 422,
+                message: "KETTLE-2 is out of stock".into(),
+            },
+        ),
+    ];
+    for (sim, path, fault) in faults {
+        sim.state
+            .faults
+            .inject(FaultRule::new("POST", path, fault).times(1));
+    }
+    let output = tokio::process::Command::new("node")
+        .arg(&script)
+        .arg(format!("{}/mcp", h.base))
+        .arg(&h.token)
+        .arg("kettle")
+        .output()
+        .await
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the TypeScript client failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    assert_eq!(report["runStatus"], "UNWOUND", "{report}");
+    // That client has not moved to 2026-07-28: the previous version is
+    // negotiated.
+    assert_eq!(report["protocol"], "2025-11-25", "{report}");
+
+    let tickets = h.sims.jira.ledger().of("issue.created");
+    assert_eq!(tickets.len(), 1, "{tickets:?}");
+    let closed = h.sims.jira.ledger().of("issue.transitioned");
+    assert_eq!(closed.len(), 1, "{closed:?}");
+    assert_eq!(closed[0].object, tickets[0].object);
+    assert_eq!(h.sims.stripe.ledger().of("payment_intent.created").len(), 1);
+    let refunds = h.sims.stripe.ledger().of("refund.created");
+    assert_eq!(refunds.len(), 1, "{refunds:?}");
+    assert!(h.sims.warehouse.ledger().of("shipment.created").is_empty());
+    assert!(
+        h.sims.smtp.ledger().of("email.received").is_empty(),
+        "a letter went out: {:?}",
+        h.sims.smtp.ledger().of("email.received")
+    );
 }
 
 /// The reference MCP server of the protocol's authors, installed from npm

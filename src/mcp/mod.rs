@@ -26,7 +26,7 @@ use crate::saga::class::{Phase, ToolClass};
 use crate::saga::engine::{CallOutcome, Engine, OutcomeKind, Refusal};
 use crate::saga::model::{Actor, Approval, NewRun, Step};
 use crate::saga::pivot::PlannedCall;
-use crate::saga::status::ApprovalStatus;
+use crate::saga::status::{ApprovalStatus, RunStatus};
 use crate::saga::registry::{Registry, ToolSpec};
 use crate::saga::store::SagaStore;
 use rmcp::model::{
@@ -49,6 +49,12 @@ pub const RUN_TOOL: &str = "saga_run";
 
 /// The tool that asks a person to approve the run's irreversible steps.
 pub const PIVOT_TOOL: &str = "saga_propose_pivot";
+
+/// The tool that takes back everything the run did, by its ways back.
+pub const UNWIND_TOOL: &str = "saga_unwind";
+
+/// The tool that says the run is done.
+pub const COMPLETE_TOOL: &str = "saga_complete";
 
 /// The agent an MCP request was authenticated as (set by the router's
 /// bearer check before the request reaches the gateway).
@@ -100,6 +106,8 @@ impl Gateway {
             .map(|spec| spec.name.as_str())
             .collect();
         tools.push(pivot_tool(&commit_steps));
+        tools.push(unwind_tool());
+        tools.push(complete_tool());
         Gateway {
             engine,
             tools: Arc::new(tools),
@@ -196,6 +204,19 @@ impl Gateway {
         }
         if tool == PIVOT_TOOL {
             return self.pivot(agent, run_id, args, page.as_deref()).await;
+        }
+        if tool == UNWIND_TOOL {
+            return self.unwind(agent, run_id, args).await;
+        }
+        if tool == COMPLETE_TOOL {
+            return match self.engine.complete(agent, run_id).await {
+                Ok(run) => result(
+                    format!("the run is {}", run.status),
+                    Some(json!({"run_status": run.status.as_str()})),
+                    false,
+                ),
+                Err(refusal) => refused(&refusal_words(&refusal)),
+            };
         }
         match self
             .engine
@@ -345,6 +366,52 @@ impl Gateway {
         result(text, Some(structured), is_error)
     }
 
+    /// `saga_unwind`: every step of the run taken back by its way back, in
+    /// reverse order; a second call reads where the unwind stands.
+    async fn unwind(&self, agent: &str, run_id: Uuid, args: Value) -> CallToolResult {
+        let reason = args
+            .get("reason")
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .unwrap_or_default();
+        if reason.is_empty() {
+            return refused("say why the run is unwound: `reason` cannot be empty");
+        }
+        let unwound = match self.engine.agents_run(agent, run_id).await {
+            // Already taken back, or waiting on a person: read, not redo.
+            Ok(run) if matches!(run.status, RunStatus::Unwound | RunStatus::NeedsAttention) => {
+                Ok(run)
+            }
+            Ok(run) => {
+                self.engine
+                    .unwind(run.id, &Actor::Agent(agent.to_owned()), reason)
+                    .await
+            }
+            Err(refusal) => Err(refusal),
+        };
+        let run = match unwound {
+            Ok(run) => run,
+            Err(refusal) => return refused(&refusal_words(&refusal)),
+        };
+        let log = self.run_log(agent, run_id).await;
+        let mut text = format!(
+            "the run is {}{}",
+            run.status,
+            if run.status == RunStatus::NeedsAttention {
+                ": a way back needs a person, who has been asked"
+            } else {
+                ""
+            }
+        );
+        for block in &log.content {
+            if let Some(line) = block.as_text() {
+                text.push('\n');
+                text.push_str(&line.text);
+            }
+        }
+        result(text, log.structured_content, false)
+    }
+
     /// `saga_run`: the run's log, for a model.
     async fn run_log(&self, agent: &str, run_id: Uuid) -> CallToolResult {
         let (run, steps, cursor) = match self.engine.agents_view(agent, run_id).await {
@@ -485,6 +552,47 @@ fn run_tool() -> Tool {
     .with_annotations(
         ToolAnnotations::new()
             .read_only(true)
+            .destructive(false)
+            .idempotent(true)
+            .open_world(false),
+    )
+}
+
+fn unwind_tool() -> Tool {
+    let Value::Object(schema) = json!({
+        "type": "object",
+        "required": ["reason"],
+        "properties": {"reason": {"type": "string", "description": "Why, for the people who read the log."}}
+    }) else {
+        unreachable!("a JSON object literal")
+    };
+    Tool::new(
+        UNWIND_TOOL,
+        "Takes back everything this run did, newest first, each by its pre-written way back \
+         (cancel, refund, close), under its own key; people who saw an effect that cannot be \
+         taken back get a correction a support lead signs off. Use it when the task cannot be \
+         finished.",
+        Arc::new(schema),
+    )
+    .with_annotations(
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .idempotent(true)
+            .open_world(true),
+    )
+}
+
+fn complete_tool() -> Tool {
+    Tool::new(
+        COMPLETE_TOOL,
+        "Says this run's task is done. Refused while a call has no final outcome or a staged \
+         effect (a draft, a hold) is still open: commit those through the pivot or unwind.",
+        Arc::new(open_object()),
+    )
+    .with_annotations(
+        ToolAnnotations::new()
+            .read_only(false)
             .destructive(false)
             .idempotent(true)
             .open_world(false),

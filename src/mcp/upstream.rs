@@ -33,7 +33,8 @@ use rmcp::model::{
 use rmcp::service::{RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::{Peer, RoleClient, ServiceExt};
+use rmcp::model::ProtocolVersion;
+use rmcp::{ClientLifecycleMode, ClientServiceExt, Peer, RoleClient};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -173,7 +174,7 @@ impl Upstream {
                     .stderr(std::process::Stdio::inherit())
                     .spawn()
                     .map_err(|e| format!("cannot start `{program}`: {e}"))?;
-                ().serve(process)
+                ().serve_with_lifecycle(process, lifecycle())
                     .await
                     .map_err(|e| format!("`{program}` did not complete MCP's initialize: {e}"))
             }
@@ -187,7 +188,7 @@ impl Upstream {
                         .map_err(|_| format!("the environment variable {variable} (`token_env`) is not set"))?;
                     config = config.auth_header(token);
                 }
-                ().serve(StreamableHttpClientTransport::from_config(config))
+                ().serve_with_lifecycle(StreamableHttpClientTransport::from_config(config), lifecycle())
                     .await
                     .map_err(|e| format!("{url} did not complete MCP's initialize: {e}"))
             }
@@ -367,6 +368,15 @@ fn text_of(result: &CallToolResult) -> String {
         "the tool reported an error and said nothing more".to_owned()
     } else {
         text.join("\n")
+    }
+}
+
+/// The current specification first (`server/discover`), and the
+/// `initialize` handshake of earlier ones for a server that has not moved.
+fn lifecycle() -> ClientLifecycleMode {
+    ClientLifecycleMode::Auto {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        legacy_version: None,
     }
 }
 
