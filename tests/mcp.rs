@@ -322,6 +322,55 @@ async fn mcp_without_a_run_a_side_effect_is_refused_and_without_a_token_nothing_
     assert_eq!(response.headers()["www-authenticate"], "Bearer");
 }
 
+/// Bad input over MCP is answered as a client can read it, never with a
+/// 5xx: an unknown tool is a JSON-RPC error, an oversized message a 413
+/// with a JSON-RPC error, malformed JSON-RPC a 4xx; a wrong token is a 401.
+#[tokio::test]
+async fn bad_input_over_mcp_gets_json_rpc_errors_never_a_5xx() {
+    let h = start(common::sqlite()).await;
+    let client = client(&format!("{}/mcp", h.base), &h.token, Some("bad-input")).await;
+    let unknown = client
+        .call_tool(CallToolRequestParams::new("refund_everything"))
+        .await
+        .expect_err("an unknown tool is an error");
+    assert!(format!("{unknown}").contains("refund_everything"), "{unknown}");
+    client.cancel().await.unwrap();
+
+    let http = reqwest::Client::new();
+    let post = |body: String, token: &str| {
+        http.post(format!("{}/mcp", h.base))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("x-saga-run", "bad-input")
+            .body(body)
+            .send()
+    };
+    let huge = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "reship", "arguments": {"order_id": "x".repeat(300 * 1024), "items": []}}});
+    let response = post(huge.to_string(), &h.token).await.unwrap();
+    assert_eq!(response.status(), 413);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["code"], -32600, "{error}");
+    for malformed in ["{not json", r#"{"hello": "world"}"#, "[]", r#"{"jsonrpc": "2.0", "id": 1}"#] {
+        let response = post(malformed.to_owned(), &h.token).await.unwrap();
+        let status = response.status().as_u16();
+        assert!(
+            (400..500).contains(&status),
+            "{malformed}: HTTP {status} {}",
+            response.text().await.unwrap_or_default()
+        );
+    }
+    let response = post(
+        r#"{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}"#.to_owned(),
+        "sh_not_a_real_token",
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 401);
+    assert!(h.sims.warehouse.ledger().of("shipment.created").is_empty());
+}
+
 /// Each tool's schema from the tools file is what agents are shown (the
 /// API's tool list and MCP's), and a new call whose arguments do not fit
 /// it is refused naming the argument, before anything is logged or sent.
@@ -450,6 +499,71 @@ async fn mcp_the_pivot_waits_for_a_person_and_a_call_after_the_decision_reads_th
         .collect();
     assert_eq!(outcomes, ["confirmed", "confirmed"], "{decided}");
     assert_eq!(h.sims.stripe.ledger().of("payment_intent.captured").len(), 1);
+    let letters = h.sims.smtp.ledger().of("email.received");
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].detail["to"], json!(["grace@example.com"]));
+    client.cancel().await.unwrap();
+}
+
+/// A client that supports the tasks extension gets a task for a call held
+/// for a person: working while it waits, completed with the call's answer
+/// once a person approves; the call is made once.
+#[tokio::test]
+async fn mcp_a_held_call_is_a_task_the_client_polls_until_a_person_decides() {
+    use rmcp::model::{
+        CallToolResponse, ClientCapabilities, ClientConfig, GetTaskParams, Implementation,
+        TaskPayload, TaskStatus,
+    };
+    let h = start(common::sqlite()).await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", h.base))
+        .auth_header(h.token.clone())
+        .custom_headers(HashMap::from([(
+            HeaderName::from_static("x-saga-run"),
+            HeaderValue::from_static("tasks"),
+        )]));
+    let client = ClientConfig::new(
+        ClientCapabilities::builder().enable_tasks().build(),
+        Implementation::new("tasks-client", "1.0.0"),
+    )
+    .serve(StreamableHttpClientTransport::from_config(config))
+    .await
+    .unwrap();
+    let Value::Object(args) = json!({"to": "grace@example.com", "subject": "Your lamp", "body": "It ships today."}) else {
+        unreachable!()
+    };
+    let response = client
+        .call_tool_once(CallToolRequestParams::new("send_email").with_arguments(args))
+        .await
+        .unwrap();
+    let CallToolResponse::Task(created) = response else {
+        panic!("a held call is a task: {response:?}")
+    };
+    assert_eq!(created.task.status, TaskStatus::Working);
+    let task_id = created.task.task_id.clone();
+    let polled = client.get_task(GetTaskParams::new(task_id.clone())).await.unwrap();
+    assert_eq!(polled.task.status(), TaskStatus::Working);
+    assert!(h.sims.smtp.ledger().of("email.received").is_empty());
+
+    let approval = h.state.store.pending_approvals().await.unwrap().remove(0);
+    h.state
+        .engine
+        .decide_step(
+            approval.id,
+            &approval.digest,
+            true,
+            &saga_harness::saga::model::Actor::User("lead".into()),
+        )
+        .await
+        .unwrap();
+    let polled = client.get_task(GetTaskParams::new(task_id.clone())).await.unwrap();
+    let TaskPayload::Completed { result } = polled.task.payload else {
+        panic!("the task completes once a person decides: {polled:?}")
+    };
+    assert_eq!(result["structuredContent"]["outcome"], "confirmed", "{result:?}");
+    // Polled again, it answers the same; the letter went out once.
+    let again = client.get_task(GetTaskParams::new(task_id)).await.unwrap();
+    assert_eq!(again.task.status(), TaskStatus::Completed);
     let letters = h.sims.smtp.ledger().of("email.received");
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].detail["to"], json!(["grace@example.com"]));

@@ -30,9 +30,10 @@ use crate::saga::status::{ApprovalStatus, RunStatus};
 use crate::saga::registry::{Registry, ToolSpec};
 use crate::saga::store::SagaStore;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-    ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    CreateTaskResult, DetailedTask, GetTaskParams, GetTaskResult, Implementation, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Task, TaskPayload,
+    TaskStatus, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -189,12 +190,23 @@ impl Gateway {
         Ok(run.id)
     }
 
-    async fn call(&self, caller: &Caller, label: &str, tool: &str, args: Value) -> CallToolResult {
-        let agent = caller.agent.as_str();
-        let run_id = match self.run_of(agent, label).await {
+    /// A call, answered; with the run it went to, once named.
+    async fn call(
+        &self,
+        caller: &Caller,
+        label: &str,
+        tool: &str,
+        args: Value,
+    ) -> (CallToolResult, Option<Uuid>) {
+        let run_id = match self.run_of(&caller.agent, label).await {
             Ok(id) => id,
-            Err(why) => return refused(&why),
+            Err(why) => return (refused(&why), None),
         };
+        (self.call_in(caller, run_id, tool, args).await, Some(run_id))
+    }
+
+    async fn call_in(&self, caller: &Caller, run_id: Uuid, tool: &str, args: Value) -> CallToolResult {
+        let agent = caller.agent.as_str();
         let page = caller
             .origin
             .as_ref()
@@ -464,7 +476,12 @@ impl Gateway {
 
 impl ServerHandler for Gateway {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
             .with_server_info(Implementation::new(
                 "saga-harness",
                 env!("CARGO_PKG_VERSION"),
@@ -510,8 +527,154 @@ impl ServerHandler for Gateway {
             .into());
         };
         let args = Value::Object(request.arguments.unwrap_or_default());
-        Ok(self.call(&caller, &label, &request.name, args).await.into())
+        let (answer, run_id) = self.call(&caller, &label, &request.name, args).await;
+        let tasks = ctx
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks());
+        match run_id.and_then(|run| held_task(run, &request.name, &answer)) {
+            // A client that can poll gets a task that ends when a person
+            // decides; any other reads the same by calling again.
+            Some(task_id) if tasks => {
+                let now = chrono::Utc::now().to_rfc3339();
+                let task = Task::new(task_id, TaskStatus::Working, now.clone(), now)
+                    .with_status_message(text_of(&answer))
+                    .with_poll_interval_ms(TASK_POLL_MS);
+                Ok(CallToolResponse::Task(CreateTaskResult::new(task)))
+            }
+            _ => Ok(answer.into()),
+        }
     }
+
+    /// `tasks/get`: the held call's state, read as a second call would read
+    /// it (never a new effect): working while it waits for a person, then
+    /// completed with the call's answer.
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let caller = Self::caller(&ctx)?;
+        let unknown = || McpError::invalid_params(format!("no task {:?}", request.task_id), None);
+        let held = HeldTask::parse(&request.task_id).ok_or_else(unknown)?;
+        let run = self
+            .engine
+            .agents_run(&caller.agent, held.run_id)
+            .await
+            .map_err(|_| unknown())?;
+        let answer = match &held.step {
+            None => self.call_in(&caller, run.id, PIVOT_TOOL, json!({})).await,
+            Some((step_idx, tool)) => {
+                let steps = self
+                    .store()
+                    .steps(run.id)
+                    .await
+                    .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+                let step = steps
+                    .into_iter()
+                    .find(|s| s.step_idx == *step_idx && s.tool == *tool)
+                    .ok_or_else(unknown)?;
+                let page = caller
+                    .origin
+                    .as_ref()
+                    .map(|origin| format!("{origin}/runs/{}", run.id));
+                match self
+                    .engine
+                    .call(&caller.agent, run.id, tool, step.args, Some(*step_idx))
+                    .await
+                {
+                    Ok(outcome) => answer(tool, &outcome, page.as_deref()),
+                    Err(refusal) => refused(&refusal_words(&refusal)),
+                }
+            }
+        };
+        let now = chrono::Utc::now().to_rfc3339();
+        let task = Task::new(
+            request.task_id.clone(),
+            TaskStatus::Working,
+            run.created_at.to_rfc3339(),
+            now,
+        )
+        .with_poll_interval_ms(TASK_POLL_MS);
+        let detailed = if held_task(run.id, held.tool(), &answer).is_some() {
+            DetailedTask::new(task.with_status_message(text_of(&answer)), TaskPayload::Working)
+        } else {
+            let Ok(Value::Object(result)) = serde_json::to_value(&answer) else {
+                return Err(McpError::internal_error("an answer that is not an object", None));
+            };
+            DetailedTask::new(task, TaskPayload::Completed { result })
+        };
+        Ok(GetTaskResult::new(detailed))
+    }
+
+    /// A person decides a held call; an agent cannot withdraw it.
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        Err(McpError::invalid_request(
+            format!(
+                "task {:?} waits for a person's decision, which is made in the dashboard; it \
+                 cannot be withdrawn from here (unwind the run with {UNWIND_TOOL} instead)",
+                request.task_id
+            ),
+            None,
+        ))
+    }
+}
+
+/// How often a client should poll a held call's task.
+const TASK_POLL_MS: u64 = 2_000;
+
+/// A held call as a task: `step:RUN:STEP:TOOL`, or `pivot:RUN`.
+struct HeldTask {
+    run_id: Uuid,
+    step: Option<(i64, String)>,
+}
+
+impl HeldTask {
+    fn parse(id: &str) -> Option<HeldTask> {
+        let mut parts = id.splitn(4, ':');
+        match (parts.next()?, parts.next()?.parse().ok()?) {
+            ("pivot", run_id) if parts.next().is_none() => Some(HeldTask { run_id, step: None }),
+            ("step", run_id) => {
+                let step = parts.next()?.parse().ok()?;
+                let tool = parts.next()?.to_owned();
+                Some(HeldTask {
+                    run_id,
+                    step: Some((step, tool)),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    fn tool(&self) -> &str {
+        self.step.as_ref().map_or(PIVOT_TOOL, |(_, tool)| tool.as_str())
+    }
+}
+
+/// The task id of an answer that says the call waits for a person.
+fn held_task(run_id: Uuid, tool: &str, answer: &CallToolResult) -> Option<String> {
+    let structured = answer.structured_content.as_ref()?;
+    if structured["outcome"] != "awaiting_approval" {
+        return None;
+    }
+    if tool == PIVOT_TOOL {
+        return Some(format!("pivot:{run_id}"));
+    }
+    let step = structured["step"].as_i64()?;
+    Some(format!("step:{run_id}:{step}:{tool}"))
+}
+
+/// The words of an answer.
+fn text_of(answer: &CallToolResult) -> String {
+    answer
+        .content
+        .iter()
+        .filter_map(|block| block.as_text().map(|t| t.text.as_str()))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// A registry tool as MCP lists it: annotations from its class.
@@ -758,10 +921,48 @@ pub fn router(state: &crate::server::AppState) -> axum::Router<crate::server::Ap
     axum::Router::new()
         .route_service("/mcp", service.clone())
         .route_service("/mcp/runs/{label}", service)
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(
+            crate::api::MAX_BODY_BYTES,
+        ))
+        .layer(axum::middleware::from_fn(refuse_oversized))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             authenticate,
         ))
+}
+
+/// A message over the API's body limit is refused before it is read, with
+/// a JSON-RPC error a client can show (a body without a length is cut at
+/// the limit by the layer below).
+async fn refuse_oversized(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let length = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if length.is_some_and(|n| n > crate::api::MAX_BODY_BYTES) {
+        let error = json!({
+            "jsonrpc": "2.0",
+            "id": null,
+            "error": {
+                "code": -32600,
+                "message": format!(
+                    "the message is over {} KiB; send smaller arguments",
+                    crate::api::MAX_BODY_BYTES / 1024
+                ),
+            },
+        });
+        return (
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            axum::Json(error),
+        )
+            .into_response();
+    }
+    next.run(request).await
 }
 
 /// The bearer check in front of the gateway, and the run label from the
