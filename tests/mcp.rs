@@ -570,6 +570,78 @@ async fn mcp_a_held_call_is_a_task_the_client_polls_until_a_person_decides() {
     client.cancel().await.unwrap();
 }
 
+/// A client without tasks but with URL-mode elicitation is asked to open
+/// the run's page for its user when a call is held; the call stays held,
+/// nothing is sent, and its answer says to call again.
+#[tokio::test]
+async fn mcp_a_held_call_asks_a_client_that_opens_links_to_show_the_approval_page() {
+    use rmcp::model::{
+        ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult, ElicitationAction,
+        ElicitationCapability, UrlElicitationCapability,
+    };
+    use rmcp::service::RequestContext;
+    use rmcp::{ClientHandler, ErrorData};
+
+    /// A client that shows links: it records each and says the user opened it.
+    #[derive(Clone, Default)]
+    struct OpensLinks(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl ClientHandler for OpensLinks {
+        fn get_info(&self) -> ClientConfig {
+            let mut capabilities = ClientCapabilities::default();
+            let mut elicitation = ElicitationCapability::default();
+            elicitation.url = Some(UrlElicitationCapability::new());
+            capabilities.elicitation = Some(elicitation);
+            ClientConfig::new(
+                capabilities,
+                rmcp::model::Implementation::new("opens-links", "1.0.0"),
+            )
+        }
+
+        async fn create_elicitation(
+            &self,
+            request: ElicitRequestParams,
+            _: RequestContext<RoleClient>,
+        ) -> Result<ElicitResult, ErrorData> {
+            if let ElicitRequestParams::UrlElicitationParams { url, .. } = request {
+                self.0.lock().unwrap().push(url);
+            }
+            Ok(ElicitResult::new(ElicitationAction::Accept))
+        }
+    }
+
+    let h = start(common::sqlite()).await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", h.base))
+        .auth_header(h.token.clone())
+        .custom_headers(HashMap::from([(
+            HeaderName::from_static("x-saga-run"),
+            HeaderValue::from_static("links"),
+        )]));
+    let opened = OpensLinks::default();
+    let client = opened
+        .clone()
+        .serve(StreamableHttpClientTransport::from_config(config))
+        .await
+        .unwrap();
+    let Value::Object(args) = json!({"to": "grace@example.com", "subject": "Your lamp", "body": "It ships today."}) else {
+        unreachable!()
+    };
+    let held = client
+        .call_tool(CallToolRequestParams::new("send_email").with_arguments(args))
+        .await
+        .unwrap();
+    assert_eq!(structured(&held)["outcome"], "awaiting_approval");
+    let links = opened.0.lock().unwrap().clone();
+    assert_eq!(links.len(), 1, "{links:?}");
+    assert!(
+        links[0].starts_with(&format!("{}/runs/", h.base)),
+        "{links:?}"
+    );
+    assert!(h.sims.smtp.ledger().of("email.received").is_empty());
+    client.cancel().await.unwrap();
+}
+
 /// The seed incident through `/mcp`, driven by the official TypeScript
 /// SDK's client (end2end/mcp/seed-incident.mjs) against the simulators: a
 /// ticket whose creation answered 504, a charge answered by a blank 200, a

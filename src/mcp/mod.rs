@@ -541,7 +541,31 @@ impl ServerHandler for Gateway {
                     .with_poll_interval_ms(TASK_POLL_MS);
                 Ok(CallToolResponse::Task(CreateTaskResult::new(task)))
             }
-            _ => Ok(answer.into()),
+            // A client that can open a link for its user is asked to, so the
+            // person who decides sees the page now; the call stays held and
+            // its answer says to call again.
+            Some(task_id) => {
+                if let (Some(origin), Some(run_id)) = (&caller.origin, run_id) {
+                    let page = format!("{origin}/runs/{run_id}");
+                    if let Ok(page) = url::Url::parse(&page) {
+                        let asked = ctx
+                            .peer
+                            .elicit_url_with_timeout(
+                                "A support lead must approve this call before anything is \
+                                 sent. Open the run's page to decide, or pass it on.",
+                                page,
+                                task_id,
+                                Some(ELICITATION_WAIT),
+                            )
+                            .await;
+                        if let Err(error) = asked {
+                            tracing::debug!(%error, "no link opened for a held call");
+                        }
+                    }
+                }
+                Ok(answer.into())
+            }
+            None => Ok(answer.into()),
         }
     }
 
@@ -622,6 +646,9 @@ impl ServerHandler for Gateway {
         ))
     }
 }
+
+/// How long a held call waits for the client to show its user the link.
+const ELICITATION_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// How often a client should poll a held call's task.
 const TASK_POLL_MS: u64 = 2_000;
