@@ -148,6 +148,7 @@ async fn r12_a_call_without_a_step_goes_to_the_tools_oldest_owed_step(s: Setup) 
             run.id,
             "create_ticket",
             json!({"summary": "charged twice"}),
+            &|| true,
         )
         .await
         .unwrap();
@@ -162,6 +163,7 @@ async fn r12_a_call_without_a_step_goes_to_the_tools_oldest_owed_step(s: Setup) 
             run.id,
             "create_ticket",
             json!({"summary": "double charge!!"}),
+            &|| true,
         )
         .await
         .unwrap();
@@ -177,11 +179,62 @@ async fn r12_a_call_without_a_step_goes_to_the_tools_oldest_owed_step(s: Setup) 
             run.id,
             "create_ticket",
             json!({"summary": "another"}),
+            &|| true,
         )
         .await
         .unwrap();
     assert_eq!((next.outcome, next.step), (OutcomeKind::Confirmed, Some(1)));
     assert_eq!(s.world.effects("tickets.create").len(), 2);
+}
+
+/// R12 for a client that names no step: a final outcome reached after the
+/// client gave up (its request timed out) was never given to it, so the
+/// step stays owed and the retry reads it; no second effect.
+async fn r12_a_final_outcome_the_client_gave_up_on_stays_owed_to_its_retry(s: Setup) {
+    let run = s.run().await;
+    let unheard = s
+        .engine
+        .call_choosing_step(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "charged twice"}),
+            &|| false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (unheard.outcome.clone(), unheard.step),
+        (OutcomeKind::Confirmed, Some(0))
+    );
+    let retry = s
+        .engine
+        .call_choosing_step(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "double charge!!"}),
+            &|| true,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (retry.outcome.clone(), retry.step),
+        (OutcomeKind::Confirmed, Some(0))
+    );
+    assert_eq!(s.world.effects("tickets.create").len(), 1);
+    let next = s
+        .engine
+        .call_choosing_step(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "another"}),
+            &|| true,
+        )
+        .await
+        .unwrap();
+    assert_eq!(next.step, Some(1), "after the answer was heard, a new effect");
 }
 
 async fn r3_a_reworded_retry_gets_the_recorded_outcome_not_a_second_effect(s: Setup) {
@@ -1940,6 +1993,7 @@ common::on_both_backends!(
     r2_no_intended_row_no_call,
     r3_a_reworded_retry_gets_the_recorded_outcome_not_a_second_effect,
     r12_a_call_without_a_step_goes_to_the_tools_oldest_owed_step,
+    r12_a_final_outcome_the_client_gave_up_on_stays_owed_to_its_retry,
     r4_not_executed_is_retried_under_the_same_key,
     r4_a_refusal_is_failed_and_final,
     r6_a_call_whose_way_back_cannot_be_built_waits_for_a_person,

@@ -273,6 +273,93 @@ async fn reworded_retries(db: common::TestDb) {
     client.cancel().await.unwrap();
 }
 
+/// The harness is killed while an MCP call is in flight (the warehouse
+/// made the shipment and is slow to answer). After the restart the client
+/// connects again and calls again, reworded: the gateway maps the call to
+/// the logged step, which the restart reconciled by its key. One shipment.
+#[tokio::test]
+async fn mcp_a_call_in_flight_when_the_harness_is_killed_is_read_after_the_restart_not_made_twice() {
+    use common::process::{Harness as Process, Launch};
+    use_simulated_credentials();
+    let sims = Simulators::start("127.0.0.1".parse().unwrap(), 0)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = common::process::tools_file(&sims, dir.path(), 50);
+    let db = common::sqlite();
+    let token = common::process::provision(&db.url, AGENT, &[]).await;
+    let launch = Launch::new(&db.url, Some(&tools));
+    let mut first = Process::start(&launch).await;
+    sims.warehouse.state.faults.inject(
+        FaultRule::new("POST", "/v1/shipments", Fault::Delay { ms: 3_000 }).times(1),
+    );
+    let url = format!("{}/mcp", first.base);
+    let caller_token = token.clone();
+    let in_flight = tokio::spawn(async move {
+        let client = client(&url, &caller_token, Some("restart")).await;
+        let Value::Object(args) = reship("grace@example.com") else {
+            unreachable!()
+        };
+        client
+            .call_tool(CallToolRequestParams::new("reship").with_arguments(args))
+            .await
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while sims.warehouse.ledger().of("shipment.created").is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the shipment was never made");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    first.kill();
+    in_flight.abort();
+
+    let second = Process::start(&launch).await;
+    let client = client(&format!("{}/mcp", second.base), &token, Some("restart")).await;
+    let again = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        call(&client, "reship", reship("Grace <grace@example.com>")),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("no answer after the restart:\n{}", second.log_text()));
+    let again = structured(&again);
+    assert_eq!(again["outcome"], "confirmed", "{again}");
+    assert_eq!(again["step"], 0, "the retry went to a new step: {again}");
+    assert_eq!(sims.warehouse.ledger().of("shipment.created").len(), 1);
+    assert_eq!(
+        sims.warehouse.state.faults.requests_to("POST", "/v1/shipments"),
+        1,
+        "the shipment was requested again instead of looked up"
+    );
+    client.cancel().await.unwrap();
+}
+
+/// The client gives up on a slow call (its request timed out, and it says
+/// so with `notifications/cancelled`) while the warehouse makes the
+/// shipment. Its retry, reworded, reads that step: one shipment.
+#[tokio::test]
+async fn mcp_a_call_the_client_gave_up_on_is_read_by_its_retry_not_made_twice() {
+    let h = start(common::sqlite()).await;
+    h.sims.warehouse.state.faults.inject(
+        FaultRule::new("POST", "/v1/shipments", Fault::Delay { ms: 1_500 }).times(1),
+    );
+    let client = client(&format!("{}/mcp", h.base), &h.token, Some("gave-up")).await;
+    let gave_up = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        call(&client, "reship", reship("grace@example.com")),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the slow call answered in time");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while h.sims.warehouse.ledger().of("shipment.created").is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the shipment was never made");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let again = structured(&call(&client, "reship", reship("Grace <grace@example.com>")).await);
+    assert_eq!(again["step"], 0, "the retry went to a new step: {again}");
+    assert_eq!(again["outcome"], "confirmed", "{again}");
+    assert_eq!(h.sims.warehouse.ledger().of("shipment.created").len(), 1);
+    client.cancel().await.unwrap();
+}
+
 /// The run is named once, by header or by path; both name the same run,
 /// created on first use with the API's label idempotency, and `saga_run`
 /// reads its log.

@@ -79,6 +79,8 @@ struct Caller {
     agent: String,
     label: Option<String>,
     origin: Option<String>,
+    /// Cancelled when the client withdraws the request.
+    gave_up: tokio_util::sync::CancellationToken,
 }
 
 /// One gateway per MCP session; all share the engine.
@@ -155,6 +157,7 @@ impl Gateway {
             agent,
             label,
             origin,
+            gave_up: ctx.ct.clone(),
         })
     }
 
@@ -230,9 +233,10 @@ impl Gateway {
                 Err(refusal) => refused(&refusal_words(&refusal)),
             };
         }
+        let listening = || !caller.gave_up.is_cancelled();
         match self
             .engine
-            .call_choosing_step(agent, run_id, tool, args)
+            .call_choosing_step(agent, run_id, tool, args, &listening)
             .await
         {
             Ok(outcome) => answer(tool, &outcome, page.as_deref()),
@@ -528,6 +532,20 @@ impl ServerHandler for Gateway {
         };
         let args = Value::Object(request.arguments.unwrap_or_default());
         let (answer, run_id) = self.call(&caller, &label, &request.name, args).await;
+        if ctx.ct.is_cancelled() {
+            // The client gave up after the engine answered and before the
+            // answer left: the step stays owed, so its retry reads this
+            // outcome, not a new effect.
+            let step = answer
+                .structured_content
+                .as_ref()
+                .and_then(|s| s["step"].as_i64());
+            if let (Some(run_id), Some(step)) = (run_id, step) {
+                if let Err(error) = self.store().set_owed_to_agent(run_id, step, true).await {
+                    tracing::warn!(%error, %run_id, step, "a withdrawn call's step is not marked owed");
+                }
+            }
+        }
         let tasks = ctx
             .client_capabilities()
             .is_some_and(|c| c.supports_tasks());

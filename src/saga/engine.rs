@@ -418,6 +418,8 @@ impl Engine {
             args,
             StepChoice::Named(step),
             new_effect,
+            // A client that names its steps re-sends by number.
+            &|| true,
         )
         .await
     }
@@ -426,12 +428,19 @@ impl Engine {
     /// to the oldest step of this tool still owed to the agent, so a retry,
     /// reworded or not, reads that step's outcome; otherwise to a new step.
     /// Decided under the run's claim, from the owed steps read there.
+    ///
+    /// `listening` says whether the client still waits for this answer: a
+    /// final outcome given to a client that gave up (its request timed out)
+    /// leaves the step owed, so its retry reads the outcome rather than
+    /// making a second effect. It is asked under the claim, so no retry
+    /// can slip in between.
     pub async fn call_choosing_step(
         &self,
         agent: &str,
         run_id: Uuid,
         tool: &str,
         args: Value,
+        listening: &(dyn Fn() -> bool + Sync),
     ) -> Result<CallOutcome, Refusal> {
         self.call_at(
             agent,
@@ -440,6 +449,7 @@ impl Engine {
             args,
             StepChoice::OldestOwedOrNew,
             false,
+            listening,
         )
         .await
     }
@@ -452,6 +462,7 @@ impl Engine {
         args: Value,
         choice: StepChoice,
         new_effect: bool,
+        listening: &(dyn Fn() -> bool + Sync),
     ) -> Result<CallOutcome, Refusal> {
         // Another agent's run: refused before its lock is touched.
         if self.locks().owned_by_another(run_id, agent) {
@@ -520,7 +531,9 @@ impl Engine {
                 self.reconcile(logged).await?
             };
             let others = owed_steps().filter(|&idx| idx != step);
-            return self.answer_agent(&settled, run.next_step, others).await;
+            return self
+                .answer_agent(&settled, run.next_step, others, listening)
+                .await;
         }
         if step > run.next_step {
             return Err(Refusal::StepOutOfOrder {
@@ -615,13 +628,16 @@ impl Engine {
                     &actor,
                 )
                 .await?;
-            return self.answer_agent(&held, step + 1, owed_steps()).await;
+            return self
+                .answer_agent(&held, step + 1, owed_steps(), listening)
+                .await;
         }
         crate::failpoint::hit("dispatch.before_intent");
         // R2: the row is committed before anything is sent.
         let logged = self.store.record_step(new, &actor).await?;
         let settled = self.execute_logged(logged, &actor).await?;
-        self.answer_agent(&settled, step + 1, owed_steps()).await
+        self.answer_agent(&settled, step + 1, owed_steps(), listening)
+            .await
     }
 
     /// The answer to the agent about a step, recording whether the step is
@@ -631,9 +647,10 @@ impl Engine {
         step: &Step,
         new_step: i64,
         others: impl Iterator<Item = i64>,
+        listening: &(dyn Fn() -> bool + Sync),
     ) -> Result<CallOutcome, Refusal> {
         let kind = OutcomeKind::of(step.status);
-        let owed = !kind.is_final();
+        let owed = !kind.is_final() || !listening();
         if owed != step.owed_to_agent {
             self.store
                 .set_owed_to_agent(step.run_id, step.step_idx, owed)

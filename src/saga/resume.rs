@@ -4,6 +4,7 @@
 //! had not begun), and expires pivots left pending past their deadline.
 //! Running it twice is harmless.
 
+use super::class::Phase;
 use super::engine::{Engine, Refusal};
 use super::model::*;
 use super::status::{ApprovalStatus, RunStatus, StepStatus};
@@ -73,10 +74,30 @@ impl Engine {
                 let Some(step) = self.store().step(run_id, idx).await? else {
                     continue;
                 };
-                if self.reconcile(step).await?.status.is_settled() {
+                if self.reconcile_in_flight(step).await?.status.is_settled() {
                     settled += 1;
                 }
             }
+        }
+        Ok(settled)
+    }
+
+    /// Reconciles a step left behind. An agent's step still INTENDED was in
+    /// flight when its caller went away (the harness stopped, the client
+    /// gave up): the agent never had its outcome, so the step stays owed to
+    /// it (R12), and a retry that names no step (an MCP client's) reads it
+    /// instead of making a second effect.
+    async fn reconcile_in_flight(&self, step: Step) -> Result<Step, Refusal> {
+        let unanswered = step.status == StepStatus::Intended
+            && step.phase == Phase::BeforePivot
+            && !step.owed_to_agent;
+        let (run_id, step_idx) = (step.run_id, step.step_idx);
+        let mut settled = self.reconcile(step).await?;
+        if unanswered {
+            self.store()
+                .set_owed_to_agent(run_id, step_idx, true)
+                .await?;
+            settled.owed_to_agent = true;
         }
         Ok(settled)
     }
@@ -138,7 +159,7 @@ impl Engine {
         for step in self.store().steps(run_id).await? {
             match step.status {
                 StepStatus::Intended | StepStatus::Unknown => {
-                    self.reconcile(step).await?;
+                    self.reconcile_in_flight(step).await?;
                     report.reconciled += 1;
                 }
                 // Decided, but the crash came before the step followed:
