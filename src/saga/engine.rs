@@ -90,6 +90,17 @@ impl OutcomeKind {
     }
 }
 
+/// How a call's step is found, and whether its answer still has a listener.
+struct How<'a> {
+    choice: StepChoice,
+    /// A new step of a tool whose earlier step is owed is meant as a second
+    /// effect.
+    new_effect: bool,
+    /// Whether the client still waits for the answer (see
+    /// [`Engine::call_choosing_step`]).
+    listening: &'a (dyn Fn() -> bool + Sync),
+}
+
 /// Which step a call goes to.
 enum StepChoice {
     /// The step the agent named (none: a pure call, or refused).
@@ -416,10 +427,12 @@ impl Engine {
             run_id,
             tool,
             args,
-            StepChoice::Named(step),
-            new_effect,
-            // A client that names its steps re-sends by number.
-            &|| true,
+            How {
+                choice: StepChoice::Named(step),
+                new_effect,
+                // A client that names its steps re-sends by number.
+                listening: &|| true,
+            },
         )
         .await
     }
@@ -447,9 +460,11 @@ impl Engine {
             run_id,
             tool,
             args,
-            StepChoice::OldestOwedOrNew,
-            false,
-            listening,
+            How {
+                choice: StepChoice::OldestOwedOrNew,
+                new_effect: false,
+                listening,
+            },
         )
         .await
     }
@@ -460,10 +475,13 @@ impl Engine {
         run_id: Uuid,
         tool: &str,
         args: Value,
-        choice: StepChoice,
-        new_effect: bool,
-        listening: &(dyn Fn() -> bool + Sync),
+        how: How<'_>,
     ) -> Result<CallOutcome, Refusal> {
+        let How {
+            choice,
+            new_effect,
+            listening,
+        } = how;
         // Another agent's run: refused before its lock is touched.
         if self.locks().owned_by_another(run_id, agent) {
             return Err(Refusal::RunNotFound);
