@@ -98,7 +98,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "  dashboard: {site}/  sign in as admin, lead (approver) or viewer, password {password}"
     );
     println!("  agent API: {site}/api/v1  token {token}");
-    println!("  MCP:       {site}/mcp/runs/<label>  (or {site}/mcp with the header X-Saga-Run: <label>)");
+    println!(
+        "  MCP:       {site}/mcp/runs/<label>  (or {site}/mcp with the header X-Saga-Run: <label>)"
+    );
     println!("  an MCP client's configuration (the run is named in the URL):");
     println!(
         r#"    {{ "mcpServers": {{ "support": {{ "url": "{site}/mcp/runs/my-first-case", "headers": {{ "Authorization": "Bearer {token}" }} }} }} }}"#
@@ -331,10 +333,10 @@ impl McpRun {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let url = format!("{site}/mcp/runs/{label}");
         let config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).auth_header(token);
-        let client = ()
-            .serve(StreamableHttpClientTransport::from_config(config))
-            .await
-            .with_context(|| format!("connecting to {url}"))?;
+        let client =
+            ().serve(StreamableHttpClientTransport::from_config(config))
+                .await
+                .with_context(|| format!("connecting to {url}"))?;
         Ok(McpRun { client })
     }
 
@@ -344,7 +346,9 @@ impl McpRun {
         };
         let answer = self
             .client
-            .call_tool(rmcp::model::CallToolRequestParams::new(tool.to_owned()).with_arguments(args))
+            .call_tool(
+                rmcp::model::CallToolRequestParams::new(tool.to_owned()).with_arguments(args),
+            )
             .await
             .with_context(|| format!("calling {tool} over MCP"))?;
         Ok(answer.structured_content.unwrap_or(Value::Null))
@@ -373,7 +377,10 @@ impl IncidentAgent for McpRun {
         for attempt in 0..3 {
             last = self.call(tool, reword(&args, attempt)).await?;
             tracing::info!(tool, attempt, outcome = %last["outcome"], "demo MCP agent call");
-            if matches!(last["outcome"].as_str(), Some("confirmed" | "failed" | "rejected")) {
+            if matches!(
+                last["outcome"].as_str(),
+                Some("confirmed" | "failed" | "rejected")
+            ) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(300)).await;

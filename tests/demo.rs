@@ -96,7 +96,10 @@ async fn the_demo_leaves_the_four_stories_visible_through_the_api() {
 
     // The seed's incident, unwound: one ticket closed, one refund, no
     // apology; and the same again by the agent's twin that speaks MCP.
-    assert!(text.contains("/mcp/runs/"), "the MCP address is printed: {text}");
+    assert!(
+        text.contains("/mcp/runs/"),
+        "the MCP address is printed: {text}"
+    );
     for label in ["demo-incident-kettle", "demo-incident-kettle-mcp"] {
         let incident = run(label).await;
         assert_eq!(incident["run"]["status"], "UNWOUND", "{label}: {incident}");
@@ -105,7 +108,11 @@ async fn the_demo_leaves_the_four_stories_visible_through_the_api() {
     assert_eq!(count(&jira, "issue.created"), 2);
     assert_eq!(count(&jira, "issue.transitioned"), 2);
     let stripe = ledger("stripe").await;
-    assert_eq!(count(&stripe, "payment_intent.created"), 2 + 1, "two charges and the lamp's hold");
+    assert_eq!(
+        count(&stripe, "payment_intent.created"),
+        2 + 1,
+        "two charges and the lamp's hold"
+    );
     assert_eq!(count(&stripe, "refund.created"), 2);
     assert!(
         ledger("warehouse").await.is_empty(),

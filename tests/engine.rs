@@ -141,48 +141,18 @@ async fn r2_no_intended_row_no_call(s: Setup) {
 async fn r12_a_call_without_a_step_goes_to_the_tools_oldest_owed_step(s: Setup) {
     let run = s.run().await;
     s.world.fail_next("tickets.create", Fault::EffectThen504);
-    let first = s
-        .engine
-        .call_choosing_step(
-            AGENT,
-            run.id,
-            "create_ticket",
-            json!({"summary": "charged twice"}),
-            &|| true,
-        )
-        .await
-        .unwrap();
+    let first = ticket_without_a_step(&s, run.id, "charged twice", true).await;
     assert_eq!(
         (first.outcome.clone(), first.step),
         (OutcomeKind::Unknown, Some(0))
     );
-    let retry = s
-        .engine
-        .call_choosing_step(
-            AGENT,
-            run.id,
-            "create_ticket",
-            json!({"summary": "double charge!!"}),
-            &|| true,
-        )
-        .await
-        .unwrap();
+    let retry = ticket_without_a_step(&s, run.id, "double charge!!", true).await;
     assert_eq!(
         (retry.outcome.clone(), retry.step),
         (OutcomeKind::Confirmed, Some(0))
     );
     assert_eq!(s.world.effects("tickets.create").len(), 1);
-    let next = s
-        .engine
-        .call_choosing_step(
-            AGENT,
-            run.id,
-            "create_ticket",
-            json!({"summary": "another"}),
-            &|| true,
-        )
-        .await
-        .unwrap();
+    let next = ticket_without_a_step(&s, run.id, "another", true).await;
     assert_eq!((next.outcome, next.step), (OutcomeKind::Confirmed, Some(1)));
     assert_eq!(s.world.effects("tickets.create").len(), 2);
 }
@@ -192,49 +162,43 @@ async fn r12_a_call_without_a_step_goes_to_the_tools_oldest_owed_step(s: Setup) 
 /// step stays owed and the retry reads it; no second effect.
 async fn r12_a_final_outcome_the_client_gave_up_on_stays_owed_to_its_retry(s: Setup) {
     let run = s.run().await;
-    let unheard = s
-        .engine
-        .call_choosing_step(
-            AGENT,
-            run.id,
-            "create_ticket",
-            json!({"summary": "charged twice"}),
-            &|| false,
-        )
-        .await
-        .unwrap();
+    let unheard = ticket_without_a_step(&s, run.id, "charged twice", false).await;
     assert_eq!(
         (unheard.outcome.clone(), unheard.step),
         (OutcomeKind::Confirmed, Some(0))
     );
-    let retry = s
-        .engine
-        .call_choosing_step(
-            AGENT,
-            run.id,
-            "create_ticket",
-            json!({"summary": "double charge!!"}),
-            &|| true,
-        )
-        .await
-        .unwrap();
+    let retry = ticket_without_a_step(&s, run.id, "double charge!!", true).await;
     assert_eq!(
         (retry.outcome.clone(), retry.step),
         (OutcomeKind::Confirmed, Some(0))
     );
     assert_eq!(s.world.effects("tickets.create").len(), 1);
-    let next = s
-        .engine
+    let next = ticket_without_a_step(&s, run.id, "another", true).await;
+    assert_eq!(
+        next.step,
+        Some(1),
+        "after the answer was heard, a new effect"
+    );
+}
+
+/// `create_ticket` as a client that names no step calls it (the MCP
+/// gateway), still listening for the answer or not.
+async fn ticket_without_a_step(
+    s: &Setup,
+    run_id: uuid::Uuid,
+    summary: &str,
+    listening: bool,
+) -> saga_harness::saga::engine::CallOutcome {
+    s.engine
         .call_choosing_step(
             AGENT,
-            run.id,
+            run_id,
             "create_ticket",
-            json!({"summary": "another"}),
-            &|| true,
+            json!({ "summary": summary }),
+            &move || listening,
         )
         .await
-        .unwrap();
-    assert_eq!(next.step, Some(1), "after the answer was heard, a new effect");
+        .unwrap()
 }
 
 async fn r3_a_reworded_retry_gets_the_recorded_outcome_not_a_second_effect(s: Setup) {

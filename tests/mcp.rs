@@ -102,18 +102,29 @@ async fn client(
     token: &str,
     run_header: Option<&str>,
 ) -> RunningService<RoleClient, ()> {
+    ().serve(StreamableHttpClientTransport::from_config(configured(
+        url, token, run_header,
+    )))
+    .await
+    .expect("the MCP client connects and initialises")
+}
+
+/// A client's transport settings, as a user writes them.
+fn configured(
+    url: &str,
+    token: &str,
+    run_header: Option<&str>,
+) -> StreamableHttpClientTransportConfig {
     // The SDK's HTTP client takes the process's rustls crypto provider.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(token);
-    if let Some(run) = run_header {
-        config = config.custom_headers(HashMap::from([(
+    let config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(token);
+    match run_header {
+        Some(run) => config.custom_headers(HashMap::from([(
             HeaderName::from_static("x-saga-run"),
             HeaderValue::from_str(run).unwrap(),
-        )]));
+        )])),
+        None => config,
     }
-    ().serve(StreamableHttpClientTransport::from_config(config))
-        .await
-        .expect("the MCP client connects and initialises")
 }
 
 async fn call(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) -> CallToolResult {
@@ -142,7 +153,9 @@ async fn mcp_lists_every_agent_tool_with_annotations_from_its_class() {
     let client = client(&format!("{}/mcp", h.base), &h.token, Some("listing")).await;
     // A client that starts with `initialize` gets the previous version.
     assert_eq!(
-        client.peer_info().map(|info| info.protocol_version.to_string()),
+        client
+            .peer_info()
+            .map(|info| info.protocol_version.to_string()),
         Some("2025-11-25".to_owned())
     );
     let tools = client.list_all_tools().await.unwrap();
@@ -182,13 +195,7 @@ async fn mcp_a_client_on_the_2026_07_28_specification_discovers_the_gateway_and_
     use rmcp::model::ProtocolVersion;
     use rmcp::{ClientLifecycleMode, ClientServiceExt};
     let h = start(common::sqlite()).await;
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", h.base))
-        .auth_header(h.token.clone())
-        .custom_headers(HashMap::from([(
-            HeaderName::from_static("x-saga-run"),
-            HeaderValue::from_static("current-spec"),
-        )]));
+    let config = configured(&format!("{}/mcp", h.base), &h.token, Some("current-spec"));
     let client = ()
         .serve_with_lifecycle(
             StreamableHttpClientTransport::from_config(config),
@@ -199,7 +206,9 @@ async fn mcp_a_client_on_the_2026_07_28_specification_discovers_the_gateway_and_
         .await
         .expect("server/discover answers");
     assert_eq!(
-        client.peer_info().map(|info| info.protocol_version.to_string()),
+        client
+            .peer_info()
+            .map(|info| info.protocol_version.to_string()),
         Some("2026-07-28".to_owned())
     );
     let tools = client.list_all_tools().await.unwrap();
@@ -278,7 +287,8 @@ async fn reworded_retries(db: common::TestDb) {
 /// connects again and calls again, reworded: the gateway maps the call to
 /// the logged step, which the restart reconciled by its key. One shipment.
 #[tokio::test]
-async fn mcp_a_call_in_flight_when_the_harness_is_killed_is_read_after_the_restart_not_made_twice() {
+async fn mcp_a_call_in_flight_when_the_harness_is_killed_is_read_after_the_restart_not_made_twice()
+{
     use common::process::{Harness as Process, Launch};
     use_simulated_credentials();
     let sims = Simulators::start("127.0.0.1".parse().unwrap(), 0)
@@ -290,9 +300,10 @@ async fn mcp_a_call_in_flight_when_the_harness_is_killed_is_read_after_the_resta
     let token = common::process::provision(&db.url, AGENT, &[]).await;
     let launch = Launch::new(&db.url, Some(&tools));
     let mut first = Process::start(&launch).await;
-    sims.warehouse.state.faults.inject(
-        FaultRule::new("POST", "/v1/shipments", Fault::Delay { ms: 3_000 }).times(1),
-    );
+    sims.warehouse
+        .state
+        .faults
+        .inject(FaultRule::new("POST", "/v1/shipments", Fault::Delay { ms: 3_000 }).times(1));
     let url = format!("{}/mcp", first.base);
     let caller_token = token.clone();
     let in_flight = tokio::spawn(async move {
@@ -306,7 +317,10 @@ async fn mcp_a_call_in_flight_when_the_harness_is_killed_is_read_after_the_resta
     });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while sims.warehouse.ledger().of("shipment.created").is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the shipment was never made");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the shipment was never made"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     first.kill();
@@ -325,7 +339,10 @@ async fn mcp_a_call_in_flight_when_the_harness_is_killed_is_read_after_the_resta
     assert_eq!(again["step"], 0, "the retry went to a new step: {again}");
     assert_eq!(sims.warehouse.ledger().of("shipment.created").len(), 1);
     assert_eq!(
-        sims.warehouse.state.faults.requests_to("POST", "/v1/shipments"),
+        sims.warehouse
+            .state
+            .faults
+            .requests_to("POST", "/v1/shipments"),
         1,
         "the shipment was requested again instead of looked up"
     );
@@ -338,9 +355,11 @@ async fn mcp_a_call_in_flight_when_the_harness_is_killed_is_read_after_the_resta
 #[tokio::test]
 async fn mcp_a_call_the_client_gave_up_on_is_read_by_its_retry_not_made_twice() {
     let h = start(common::sqlite()).await;
-    h.sims.warehouse.state.faults.inject(
-        FaultRule::new("POST", "/v1/shipments", Fault::Delay { ms: 1_500 }).times(1),
-    );
+    h.sims
+        .warehouse
+        .state
+        .faults
+        .inject(FaultRule::new("POST", "/v1/shipments", Fault::Delay { ms: 1_500 }).times(1));
     let client = client(&format!("{}/mcp", h.base), &h.token, Some("gave-up")).await;
     let gave_up = tokio::time::timeout(
         std::time::Duration::from_millis(300),
@@ -350,7 +369,10 @@ async fn mcp_a_call_the_client_gave_up_on_is_read_by_its_retry_not_made_twice() 
     assert!(gave_up.is_err(), "the slow call answered in time");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while h.sims.warehouse.ledger().of("shipment.created").is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the shipment was never made");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the shipment was never made"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     let again = structured(&call(&client, "reship", reship("Grace <grace@example.com>")).await);
@@ -420,7 +442,10 @@ async fn bad_input_over_mcp_gets_json_rpc_errors_never_a_5xx() {
         .call_tool(CallToolRequestParams::new("refund_everything"))
         .await
         .expect_err("an unknown tool is an error");
-    assert!(format!("{unknown}").contains("refund_everything"), "{unknown}");
+    assert!(
+        format!("{unknown}").contains("refund_everything"),
+        "{unknown}"
+    );
     client.cancel().await.unwrap();
 
     let http = reqwest::Client::new();
@@ -439,7 +464,12 @@ async fn bad_input_over_mcp_gets_json_rpc_errors_never_a_5xx() {
     assert_eq!(response.status(), 413);
     let error: Value = response.json().await.unwrap();
     assert_eq!(error["error"]["code"], -32600, "{error}");
-    for malformed in ["{not json", r#"{"hello": "world"}"#, "[]", r#"{"jsonrpc": "2.0", "id": 1}"#] {
+    for malformed in [
+        "{not json",
+        r#"{"hello": "world"}"#,
+        "[]",
+        r#"{"jsonrpc": "2.0", "id": 1}"#,
+    ] {
         let response = post(malformed.to_owned(), &h.token).await.unwrap();
         let status = response.status().as_u16();
         assert!(
@@ -531,14 +561,26 @@ async fn mcp_the_pivot_waits_for_a_person_and_a_call_after_the_decision_reads_th
     let h = start(common::sqlite()).await;
     let client = client(&format!("{}/mcp", h.base), &h.token, Some("lamp")).await;
     let tools = client.list_all_tools().await.unwrap();
-    let pivot_tool = tools.iter().find(|t| t.name == "saga_propose_pivot").unwrap();
+    let pivot_tool = tools
+        .iter()
+        .find(|t| t.name == "saga_propose_pivot")
+        .unwrap();
     assert!(
-        pivot_tool.description.as_deref().unwrap_or_default().contains("send_email"),
+        pivot_tool
+            .description
+            .as_deref()
+            .unwrap_or_default()
+            .contains("send_email"),
         "the pivot tool names the commit steps: {:?}",
         pivot_tool.description
     );
     let hold = structured(
-        &call(&client, "authorize_payment", json!({"customer": "cus_grace", "amount": 3200, "currency": "usd"})).await,
+        &call(
+            &client,
+            "authorize_payment",
+            json!({"customer": "cus_grace", "amount": 3200, "currency": "usd"}),
+        )
+        .await,
     );
     assert_eq!(hold["outcome"], "confirmed", "{hold}");
     let plan = |summary: &str| {
@@ -547,11 +589,23 @@ async fn mcp_the_pivot_waits_for_a_person_and_a_call_after_the_decision_reads_th
             {"tool": "send_email", "args": {"to": "grace@example.com", "subject": "Your replacement lamp", "body": "A new lamp ships today."}}
         ]})
     };
-    let proposed = call(&client, "saga_propose_pivot", plan("Capture the hold and tell Grace")).await;
+    let proposed = call(
+        &client,
+        "saga_propose_pivot",
+        plan("Capture the hold and tell Grace"),
+    )
+    .await;
     let waiting = structured(&proposed);
     assert_eq!(waiting["outcome"], "awaiting_approval", "{waiting}");
     assert!(format!("{:?}", proposed.content).contains(&format!("{}/runs/", h.base)));
-    let again = structured(&call(&client, "saga_propose_pivot", plan("Capture Grace's hold, email her")).await);
+    let again = structured(
+        &call(
+            &client,
+            "saga_propose_pivot",
+            plan("Capture Grace's hold, email her"),
+        )
+        .await,
+    );
     assert_eq!(again["approval_id"], waiting["approval_id"], "{again}");
     assert_eq!(again["summary"], "Capture the hold and tell Grace");
     assert!(h.sims.smtp.ledger().of("email.received").is_empty());
@@ -573,7 +627,12 @@ async fn mcp_the_pivot_waits_for_a_person_and_a_call_after_the_decision_reads_th
         )
         .await
         .unwrap();
-    let decided = call(&client, "saga_propose_pivot", plan("Capture the hold and tell Grace")).await;
+    let decided = call(
+        &client,
+        "saga_propose_pivot",
+        plan("Capture the hold and tell Grace"),
+    )
+    .await;
     assert_ne!(decided.is_error, Some(true), "{:?}", decided.content);
     let decided = structured(&decided);
     assert_eq!(decided["outcome"], "approved", "{decided}");
@@ -585,7 +644,10 @@ async fn mcp_the_pivot_waits_for_a_person_and_a_call_after_the_decision_reads_th
         .map(|s| s["outcome"].as_str().unwrap())
         .collect();
     assert_eq!(outcomes, ["confirmed", "confirmed"], "{decided}");
-    assert_eq!(h.sims.stripe.ledger().of("payment_intent.captured").len(), 1);
+    assert_eq!(
+        h.sims.stripe.ledger().of("payment_intent.captured").len(),
+        1
+    );
     let letters = h.sims.smtp.ledger().of("email.received");
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].detail["to"], json!(["grace@example.com"]));
@@ -602,13 +664,7 @@ async fn mcp_a_held_call_is_a_task_the_client_polls_until_a_person_decides() {
         TaskPayload, TaskStatus,
     };
     let h = start(common::sqlite()).await;
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", h.base))
-        .auth_header(h.token.clone())
-        .custom_headers(HashMap::from([(
-            HeaderName::from_static("x-saga-run"),
-            HeaderValue::from_static("tasks"),
-        )]));
+    let config = configured(&format!("{}/mcp", h.base), &h.token, Some("tasks"));
     let client = ClientConfig::new(
         ClientCapabilities::builder().enable_tasks().build(),
         Implementation::new("tasks-client", "1.0.0"),
@@ -616,7 +672,9 @@ async fn mcp_a_held_call_is_a_task_the_client_polls_until_a_person_decides() {
     .serve(StreamableHttpClientTransport::from_config(config))
     .await
     .unwrap();
-    let Value::Object(args) = json!({"to": "grace@example.com", "subject": "Your lamp", "body": "It ships today."}) else {
+    let Value::Object(args) =
+        json!({"to": "grace@example.com", "subject": "Your lamp", "body": "It ships today."})
+    else {
         unreachable!()
     };
     let response = client
@@ -628,7 +686,10 @@ async fn mcp_a_held_call_is_a_task_the_client_polls_until_a_person_decides() {
     };
     assert_eq!(created.task.status, TaskStatus::Working);
     let task_id = created.task.task_id.clone();
-    let polled = client.get_task(GetTaskParams::new(task_id.clone())).await.unwrap();
+    let polled = client
+        .get_task(GetTaskParams::new(task_id.clone()))
+        .await
+        .unwrap();
     assert_eq!(polled.task.status(), TaskStatus::Working);
     assert!(h.sims.smtp.ledger().of("email.received").is_empty());
 
@@ -643,11 +704,17 @@ async fn mcp_a_held_call_is_a_task_the_client_polls_until_a_person_decides() {
         )
         .await
         .unwrap();
-    let polled = client.get_task(GetTaskParams::new(task_id.clone())).await.unwrap();
+    let polled = client
+        .get_task(GetTaskParams::new(task_id.clone()))
+        .await
+        .unwrap();
     let TaskPayload::Completed { result } = polled.task.payload else {
         panic!("the task completes once a person decides: {polled:?}")
     };
-    assert_eq!(result["structuredContent"]["outcome"], "confirmed", "{result:?}");
+    assert_eq!(
+        result["structuredContent"]["outcome"], "confirmed",
+        "{result:?}"
+    );
     // Polled again, it answers the same; the letter went out once.
     let again = client.get_task(GetTaskParams::new(task_id)).await.unwrap();
     assert_eq!(again.task.status(), TaskStatus::Completed);
@@ -698,20 +765,16 @@ async fn mcp_a_held_call_asks_a_client_that_opens_links_to_show_the_approval_pag
     }
 
     let h = start(common::sqlite()).await;
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", h.base))
-        .auth_header(h.token.clone())
-        .custom_headers(HashMap::from([(
-            HeaderName::from_static("x-saga-run"),
-            HeaderValue::from_static("links"),
-        )]));
+    let config = configured(&format!("{}/mcp", h.base), &h.token, Some("links"));
     let opened = OpensLinks::default();
     let client = opened
         .clone()
         .serve(StreamableHttpClientTransport::from_config(config))
         .await
         .unwrap();
-    let Value::Object(args) = json!({"to": "grace@example.com", "subject": "Your lamp", "body": "It ships today."}) else {
+    let Value::Object(args) =
+        json!({"to": "grace@example.com", "subject": "Your lamp", "body": "It ships today."})
+    else {
         unreachable!()
     };
     let held = client
@@ -737,12 +800,17 @@ async fn mcp_a_held_call_asks_a_client_that_opens_links_to_show_the_approval_pag
 #[tokio::test]
 async fn the_typescript_sdk_client_replays_the_seed_incident_through_mcp_and_every_effect_is_taken_back_once(
 ) {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("end2end/mcp/seed-incident.mjs");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("end2end/mcp/seed-incident.mjs");
     everything_server(); // the npm packages are installed
     let h = start(common::sqlite()).await;
     let faults = [
         (&h.sims.jira, "/rest/api/3/issue", Fault::CommitThen504),
-        (&h.sims.stripe, "/v1/payment_intents", Fault::CommitThenBlank),
+        (
+            &h.sims.stripe,
+            "/v1/payment_intents",
+            Fault::CommitThenBlank,
+        ),
         (
             &h.sims.warehouse,
             "/v1/shipments",
@@ -837,7 +905,10 @@ async fn an_upstream_mcp_servers_tools_are_listed_under_its_prefix_classed_from_
         hints("everything_toggle-simulated-logging"),
         (Some(false), Some(true))
     );
-    assert!(by_name.contains_key("reship"), "the tools file's own tools stay");
+    assert!(
+        by_name.contains_key("reship"),
+        "the tools file's own tools stay"
+    );
 
     let echoed = call(&client, "everything_echo", json!({"message": "kettle"})).await;
     assert_ne!(echoed.is_error, Some(true), "{:?}", echoed.content);
@@ -884,9 +955,15 @@ async fn an_upstream_mcp_servers_tools_are_listed_under_its_prefix_classed_from_
     let decided = call(&client, "everything_toggle-simulated-logging", json!({})).await;
     let decided = structured(&decided);
     assert_eq!(decided["outcome"], "confirmed", "{decided}");
-    assert_eq!(decided["step"], outcome["step"], "the retry read the held step");
+    assert_eq!(
+        decided["step"], outcome["step"],
+        "the retry read the held step"
+    );
     let log = structured(&call(&client, "saga_run", json!({})).await);
-    assert_eq!(log["steps"][0]["tool"], "everything_toggle-simulated-logging");
+    assert_eq!(
+        log["steps"][0]["tool"],
+        "everything_toggle-simulated-logging"
+    );
     client.cancel().await.unwrap();
 }
 
@@ -927,7 +1004,10 @@ way_back_only = true
     let names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
     assert!(names.contains(&"notes_read_notes".to_owned()), "{names:?}");
     assert!(!names.contains(&"remove_note".to_owned()), "{names:?}");
-    let add = tools.iter().find(|t| t.name == "add_note").expect("add_note");
+    let add = tools
+        .iter()
+        .find(|t| t.name == "add_note")
+        .expect("add_note");
     assert_eq!(
         add.input_schema.get("required"),
         Some(&json!(["text"])),
@@ -945,7 +1025,10 @@ way_back_only = true
     assert_eq!(lost["outcome"], "unknown", "{lost}");
     assert_eq!(lost["step"], 1);
     let again = structured(&call(&client, "add_note", json!({"text": "Reship sent."})).await);
-    assert_eq!(again["step"], 1, "the reworded retry went to a new step: {again}");
+    assert_eq!(
+        again["step"], 1,
+        "the reworded retry went to a new step: {again}"
+    );
     assert_ne!(again["outcome"], "confirmed", "{again}");
     assert_eq!(notes.ledger().len(), 2, "{:?}", notes.ledger());
     assert_eq!(notes.calls(), 2, "the lost call was sent again");
@@ -957,9 +1040,8 @@ way_back_only = true
 /// reads them.
 mod notes {
     use rmcp::model::{
-        CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
-        ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-        ToolAnnotations,
+        CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
+        PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
     };
     use rmcp::service::RequestContext;
     use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -1035,8 +1117,12 @@ mod notes {
             Ok(ListToolsResult::with_all_items(vec![
                 Tool::new("add_note", "Adds a note to the case.", text),
                 Tool::new("remove_note", "Removes the note made under a key.", key),
-                Tool::new("read_notes", "Reads the case's notes.", schema(json!({"type": "object"})))
-                    .with_annotations(ToolAnnotations::new().read_only(true)),
+                Tool::new(
+                    "read_notes",
+                    "Reads the case's notes.",
+                    schema(json!({"type": "object"})),
+                )
+                .with_annotations(ToolAnnotations::new().read_only(true)),
             ]))
         }
 

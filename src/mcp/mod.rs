@@ -26,8 +26,8 @@ use crate::saga::class::{Phase, ToolClass};
 use crate::saga::engine::{CallOutcome, Engine, OutcomeKind, Refusal};
 use crate::saga::model::{Actor, Approval, NewRun, Step};
 use crate::saga::pivot::PlannedCall;
-use crate::saga::status::{ApprovalStatus, RunStatus};
 use crate::saga::registry::{Registry, ToolSpec};
+use crate::saga::status::{ApprovalStatus, RunStatus};
 use crate::saga::store::SagaStore;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
@@ -208,7 +208,13 @@ impl Gateway {
         (self.call_in(caller, run_id, tool, args).await, Some(run_id))
     }
 
-    async fn call_in(&self, caller: &Caller, run_id: Uuid, tool: &str, args: Value) -> CallToolResult {
+    async fn call_in(
+        &self,
+        caller: &Caller,
+        run_id: Uuid,
+        tool: &str,
+        args: Value,
+    ) -> CallToolResult {
         let agent = caller.agent.as_str();
         let page = caller
             .origin
@@ -311,7 +317,12 @@ impl Gateway {
     /// A decided pivot, as the model reads it: approved with the commit
     /// steps' outcomes; rejected by a person; or expired, which nobody
     /// decided.
-    async fn pivot_decided(&self, agent: &str, run_id: Uuid, approval: &Approval) -> CallToolResult {
+    async fn pivot_decided(
+        &self,
+        agent: &str,
+        run_id: Uuid,
+        approval: &Approval,
+    ) -> CallToolResult {
         let (run, steps, _) = match self.engine.agents_view(agent, run_id).await {
             Ok(view) => view,
             Err(refusal) => return refused(&refusal_words(&refusal)),
@@ -486,17 +497,17 @@ impl ServerHandler for Gateway {
                 .enable_tasks()
                 .build(),
         )
-            .with_server_info(Implementation::new(
-                "saga-harness",
-                env!("CARGO_PKG_VERSION"),
-            ))
-            .with_instructions(
-                "Every tool with side effects runs through a write-ahead saga log: each call is \
+        .with_server_info(Implementation::new(
+            "saga-harness",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .with_instructions(
+            "Every tool with side effects runs through a write-ahead saga log: each call is \
                  recorded before it is sent, keyed so that it never happens twice. If a call's \
                  outcome is unknown, call the same tool again (reworded or not): you get the \
                  recorded outcome, never a second effect. Call saga_run to read what this run \
                  has done so far.",
-            )
+        )
     }
 
     async fn list_tools(
@@ -638,10 +649,16 @@ impl ServerHandler for Gateway {
         )
         .with_poll_interval_ms(TASK_POLL_MS);
         let detailed = if held_task(run.id, held.tool(), &answer).is_some() {
-            DetailedTask::new(task.with_status_message(text_of(&answer)), TaskPayload::Working)
+            DetailedTask::new(
+                task.with_status_message(text_of(&answer)),
+                TaskPayload::Working,
+            )
         } else {
             let Ok(Value::Object(result)) = serde_json::to_value(&answer) else {
-                return Err(McpError::internal_error("an answer that is not an object", None));
+                return Err(McpError::internal_error(
+                    "an answer that is not an object",
+                    None,
+                ));
             };
             DetailedTask::new(task, TaskPayload::Completed { result })
         };
@@ -695,7 +712,9 @@ impl HeldTask {
     }
 
     fn tool(&self) -> &str {
-        self.step.as_ref().map_or(PIVOT_TOOL, |(_, tool)| tool.as_str())
+        self.step
+            .as_ref()
+            .map_or(PIVOT_TOOL, |(_, tool)| tool.as_str())
     }
 }
 
@@ -766,6 +785,16 @@ fn run_tool() -> Tool {
     )
 }
 
+/// A gateway tool that leads to effects that cannot be taken back (the
+/// pivot's commit, an unwind's corrections), each made once under its key.
+fn drives_effects() -> ToolAnnotations {
+    ToolAnnotations::new()
+        .read_only(false)
+        .destructive(true)
+        .idempotent(true)
+        .open_world(true)
+}
+
 fn unwind_tool() -> Tool {
     let Value::Object(schema) = json!({
         "type": "object",
@@ -782,13 +811,7 @@ fn unwind_tool() -> Tool {
          finished.",
         Arc::new(schema),
     )
-    .with_annotations(
-        ToolAnnotations::new()
-            .read_only(false)
-            .destructive(true)
-            .idempotent(true)
-            .open_world(true),
-    )
+    .with_annotations(drives_effects())
 }
 
 fn complete_tool() -> Tool {
@@ -845,13 +868,7 @@ fn pivot_tool(commit_steps: &[&str]) -> Tool {
         ),
         Arc::new(schema),
     )
-    .with_annotations(
-        ToolAnnotations::new()
-            .read_only(false)
-            .destructive(true)
-            .idempotent(true)
-            .open_world(true),
-    )
+    .with_annotations(drives_effects())
 }
 
 fn open_object() -> JsonObject {
@@ -1001,11 +1018,7 @@ async fn refuse_oversized(
                 ),
             },
         });
-        return (
-            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-            axum::Json(error),
-        )
-            .into_response();
+        return (axum::http::StatusCode::PAYLOAD_TOO_LARGE, axum::Json(error)).into_response();
     }
     next.run(request).await
 }

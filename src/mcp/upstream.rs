@@ -26,6 +26,7 @@ use crate::connectors::ConnectorSet;
 use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
 use crate::saga::registry::{Registry, UpstreamTool};
 use async_trait::async_trait;
+use rmcp::model::ProtocolVersion;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode,
     RequestMetaObject,
@@ -33,7 +34,6 @@ use rmcp::model::{
 use rmcp::service::{RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::model::ProtocolVersion;
 use rmcp::{ClientLifecycleMode, ClientServiceExt, Peer, RoleClient};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -102,7 +102,10 @@ impl Upstream {
                     .filter(|p| !p.trim().is_empty())
                     .ok_or("`command` is empty: name the program and its arguments")?;
                 if settings.token_env.is_some() {
-                    return Err("`token_env` is for a URL; pass a command its credentials with `env`".into());
+                    return Err(
+                        "`token_env` is for a URL; pass a command its credentials with `env`"
+                            .into(),
+                    );
                 }
                 Reach::Command {
                     program,
@@ -115,14 +118,20 @@ impl Upstream {
                     return Err(format!("`url` must be http:// or https://, not {url:?}"));
                 }
                 if !settings.env.is_empty() {
-                    return Err("`env` is for a command; a URL takes its token from `token_env`".into());
+                    return Err(
+                        "`env` is for a command; a URL takes its token from `token_env`".into(),
+                    );
                 }
                 Reach::Url {
                     url,
                     token_env: settings.token_env,
                 }
             }
-            _ => return Err("name exactly one of `command` (stdio) and `url` (streamable HTTP)".into()),
+            _ => {
+                return Err(
+                    "name exactly one of `command` (stdio) and `url` (streamable HTTP)".into(),
+                )
+            }
         };
         if settings.timeout_ms == 0 {
             return Err("`timeout_ms` must be above 0".into());
@@ -165,7 +174,11 @@ impl Upstream {
             Reach::Command { program, args, env } => {
                 let mut command = tokio::process::Command::new(program);
                 command.args(args).env_clear();
-                for name in BASE_ENV.iter().copied().chain(env.iter().map(String::as_str)) {
+                for name in BASE_ENV
+                    .iter()
+                    .copied()
+                    .chain(env.iter().map(String::as_str))
+                {
                     if let Some(value) = std::env::var_os(name) {
                         command.env(name, value);
                     }
@@ -184,13 +197,17 @@ impl Upstream {
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
                 if let Some(variable) = token_env {
-                    let token = std::env::var(variable)
-                        .map_err(|_| format!("the environment variable {variable} (`token_env`) is not set"))?;
+                    let token = std::env::var(variable).map_err(|_| {
+                        format!("the environment variable {variable} (`token_env`) is not set")
+                    })?;
                     config = config.auth_header(token);
                 }
-                ().serve_with_lifecycle(StreamableHttpClientTransport::from_config(config), lifecycle())
-                    .await
-                    .map_err(|e| format!("{url} did not complete MCP's initialize: {e}"))
+                ().serve_with_lifecycle(
+                    StreamableHttpClientTransport::from_config(config),
+                    lifecycle(),
+                )
+                .await
+                .map_err(|e| format!("{url} did not complete MCP's initialize: {e}"))
             }
         }
     }
@@ -242,7 +259,9 @@ impl Connector for Upstream {
             params = params.with_arguments(args.clone());
         }
         let mut meta = RequestMetaObject::new();
-        meta.0 .0.insert(KEY_META.to_owned(), Value::String(key.to_owned()));
+        meta.0
+             .0
+            .insert(KEY_META.to_owned(), Value::String(key.to_owned()));
         params.meta = Some(meta);
         match tokio::time::timeout(self.timeout, peer.call_tool_once(params)).await {
             Err(_) => CallReport::TimedOut,
@@ -256,7 +275,10 @@ impl Connector for Upstream {
             },
             Ok(Err(error)) => {
                 let report = report_of_error(&error);
-                if matches!(report, CallReport::ResetAfterSend | CallReport::NotSent { .. }) {
+                if matches!(
+                    report,
+                    CallReport::ResetAfterSend | CallReport::NotSent { .. }
+                ) {
                     self.forget().await;
                 }
                 report
@@ -276,11 +298,13 @@ impl Connector for Upstream {
     /// fingerprint of the answer, so the log can tell answers apart.
     fn external_ref(&self, _operation: &str, body: &Value) -> Option<String> {
         body.get("content")?.as_array()?;
-        let id = body.pointer("/structuredContent/id").and_then(|id| match id {
-            Value::String(s) if !s.is_empty() => Some(s.clone()),
-            Value::Number(n) => Some(n.to_string()),
-            _ => None,
-        });
+        let id = body
+            .pointer("/structuredContent/id")
+            .and_then(|id| match id {
+                Value::String(s) if !s.is_empty() => Some(s.clone()),
+                Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            });
         Some(id.unwrap_or_else(|| {
             let digest = Sha256::digest(body.to_string().as_bytes());
             let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
@@ -330,11 +354,9 @@ fn report_of_error(error: &ServiceError) -> CallReport {
             idempotency_conflict: false,
         },
         ServiceError::Timeout { .. } => CallReport::TimedOut,
-        ServiceError::TransportSend(error) if refused_connection(error) => {
-            CallReport::NotSent {
-                reason: format!("the MCP server refused the connection: {error}"),
-            }
-        }
+        ServiceError::TransportSend(error) if refused_connection(error) => CallReport::NotSent {
+            reason: format!("the MCP server refused the connection: {error}"),
+        },
         _ => CallReport::ResetAfterSend,
     }
 }
@@ -391,7 +413,9 @@ pub async fn attach(
         return Ok(connectors);
     };
     let Some(servers) = servers.as_table() else {
-        return Err(vec!["connector `mcp`: expected a table of MCP servers ([connectors.mcp.NAME])".into()]);
+        return Err(vec![
+            "connector `mcp`: expected a table of MCP servers ([connectors.mcp.NAME])".into(),
+        ]);
     };
     let mut mistakes = Vec::new();
     for (name, settings) in servers {

@@ -642,12 +642,16 @@ impl Registry {
             if let Some(schema) = &spec.schema {
                 match compile_schema(schema) {
                     Ok(validator) => {
-                        self.schemas.0.insert(spec.name.clone(), Arc::new(validator));
+                        self.schemas
+                            .0
+                            .insert(spec.name.clone(), Arc::new(validator));
                     }
                     Err(problem) => mistakes.push(RegistryMistake {
                         tool: spec.name.clone(),
                         field: "schema",
-                        problem: format!("as listed by the upstream MCP server `{server}`: {problem}"),
+                        problem: format!(
+                            "as listed by the upstream MCP server `{server}`: {problem}"
+                        ),
                     }),
                 }
             }
