@@ -338,6 +338,7 @@ fn decisions(t: &Targets) -> Vec<(&'static str, Vec<(&'static str, String)>)> {
             vec![
                 ("run", t.held_run.clone()),
                 ("step", "0".into()),
+                ("asked", "2026-01-01T00:00:00Z".into()),
                 ("happened", "yes".into()),
             ],
         ),
@@ -759,10 +760,15 @@ async fn the_matrix(db: common::TestDb) {
                 .await;
             assert_eq!(status, if who == Who::Viewer { 403 } else { 401 });
         }
-        let location = allowed(
-            "answer_question",
-            decide("answer_question", form_of("answer_question")).await,
-        );
+        // The answer names the question it answers: the step as the
+        // person read it.
+        let mut answer = form_of("answer_question");
+        for (field, value) in answer.iter_mut() {
+            if *field == "asked" {
+                *value = held["steps"][0]["updated_at"].as_str().unwrap().to_owned();
+            }
+        }
+        let location = allowed("answer_question", decide("answer_question", answer).await);
         assert!(!location.contains("error="), "{location}");
         // Nothing to answer about a compensation: allowed, refused by state.
         let location = allowed(

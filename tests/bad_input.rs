@@ -528,7 +528,7 @@ async fn fuzz_every_route(db: common::TestDb, seed: u64) {
 const SERVER_FUNCTIONS: &[(&str, &[&str])] = &[
     ("decide_pivot", &["run", "approval", "digest", "decision"]),
     ("decide_step", &["run", "approval", "digest", "decision"]),
-    ("answer_question", &["run", "step", "happened"]),
+    ("answer_question", &["run", "step", "asked", "happened"]),
     ("answer_compensation", &["run", "step", "undone"]),
     ("unwind_run", &["run", "reason"]),
     ("send_correction", &["id", "message"]),
@@ -974,7 +974,12 @@ async fn a_run_field_never_breaks_or_leaves_the_redirect() {
         let forms = [
             (
                 "answer_question",
-                vec![("run", run), ("step", "0"), ("happened", "yes")],
+                vec![
+                    ("run", run),
+                    ("step", "0"),
+                    ("asked", "2026-01-01T00:00:00Z"),
+                    ("happened", "yes"),
+                ],
             ),
             ("unwind_run", vec![("run", run), ("reason", "r")]),
         ];

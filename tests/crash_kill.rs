@@ -627,6 +627,7 @@ async fn pivot_commit_crash(backend: Backend, failpoint: &str) -> Option<Tally> 
                 let dashboard = Dashboard::new();
                 dashboard.sign_in(&s.harness.base, LEAD, PASSWORD).await;
                 let step = email["step_idx"].to_string();
+                let asked = email["updated_at"].as_str().unwrap_or_default();
                 let response = dashboard
                     .post(
                         &s.harness.base,
@@ -634,6 +635,7 @@ async fn pivot_commit_crash(backend: Backend, failpoint: &str) -> Option<Tally> 
                         &[
                             ("run", &run),
                             ("step", &step),
+                            ("asked", asked),
                             ("happened", if in_mailbox { "yes" } else { "no" }),
                         ],
                     )

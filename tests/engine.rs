@@ -6,7 +6,7 @@ mod common;
 
 use common::world::{Fault, Witness, World, TOOLS};
 use saga_harness::saga::connector::Connector;
-use saga_harness::saga::engine::{Engine, OutcomeKind};
+use saga_harness::saga::engine::{Engine, OutcomeKind, Refusal};
 use saga_harness::saga::model::{Actor, NewRun, NewStep, Run};
 use saga_harness::saga::pivot::PlannedCall;
 use saga_harness::saga::registry::Registry;
@@ -581,6 +581,77 @@ async fn r7_not_found_twice_is_not_executed_and_the_retry_uses_the_key(s: Setup)
     );
 }
 
+/// R7: a person's answer is bound to the question they read. Told "it did
+/// not happen", the harness sends the step again; that send is lost too,
+/// so the step is asked about again. The first answer, given a second time
+/// (a resubmitted form), is refused: it never saw the second send, which
+/// did happen. One letter.
+async fn r7_an_answer_given_again_does_not_settle_a_later_question(s: Setup) {
+    let run = s.run().await;
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "email_customer",
+            json!({"to": "ana@example.com"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    let approval = s.store.pending_approvals().await.unwrap().remove(0);
+    s.world.fail_next("mail.send", Fault::TimeoutWithoutEffect);
+    s.engine
+        .decide_step(approval.id, &approval.digest, true, &lead())
+        .await
+        .unwrap();
+    let first_question = s.store.step(run.id, 0).await.unwrap().unwrap();
+    assert_eq!(first_question.status, StepStatus::Unknown);
+    assert!(s.world.effects("mail.send").is_empty());
+    // "It did not happen": true. The harness sends it again; this time the
+    // letter goes out and the answer is lost.
+    s.world.fail_next("mail.send", Fault::EffectThenTimeout);
+    s.engine
+        .answer(run.id, 0, false, None, first_question.updated_at, &lead())
+        .await
+        .unwrap();
+    let run_now = s.store.run(run.id).await.unwrap().unwrap();
+    if run_now.status == RunStatus::Running {
+        // The agent re-sends the step, which sends it again.
+        s.engine
+            .call(
+                AGENT,
+                run.id,
+                "email_customer",
+                json!({"to": "ana@example.com"}),
+                Some(0),
+            )
+            .await
+            .unwrap();
+    }
+    assert_eq!(s.world.effects("mail.send").len(), 1);
+    let second_question = s.store.step(run.id, 0).await.unwrap().unwrap();
+    assert_eq!(second_question.status, StepStatus::Unknown);
+    let replayed = s
+        .engine
+        .answer(run.id, 0, false, None, first_question.updated_at, &lead())
+        .await;
+    assert!(
+        matches!(replayed, Err(Refusal::QuestionAskedAgain { step: 0 })),
+        "{replayed:?}"
+    );
+    assert_eq!(
+        s.world.effects("mail.send").len(),
+        1,
+        "never a second letter"
+    );
+    let answered = s
+        .engine
+        .answer(run.id, 0, true, None, second_question.updated_at, &lead())
+        .await
+        .unwrap();
+    assert_eq!(answered.status, StepStatus::Confirmed);
+}
+
 async fn r7_without_a_lookup_a_person_answers(s: Setup) {
     let run = s.run().await;
     s.engine
@@ -621,9 +692,10 @@ async fn r7_without_a_lookup_a_person_answers(s: Setup) {
     let waiting = s.store.run(run.id).await.unwrap().unwrap();
     assert_eq!(waiting.status, RunStatus::NeedsAttention);
     assert_eq!(waiting.resume_to, Some(RunStatus::Running));
+    let asked = s.store.step(run.id, 0).await.unwrap().unwrap().updated_at;
     let answered = s
         .engine
-        .answer(run.id, 0, true, Some("<msg-1@mail>".into()), &lead())
+        .answer(run.id, 0, true, Some("<msg-1@mail>".into()), asked, &lead())
         .await
         .unwrap();
     assert_eq!(answered.status, StepStatus::Confirmed);
@@ -1930,8 +2002,9 @@ async fn r7_an_answer_lets_the_waiting_commit_carry_on(s: Setup) {
         .unwrap();
     assert_eq!(waiting.status, RunStatus::NeedsAttention);
     assert!(s.world.effects("tickets.create").is_empty());
+    let asked = s.store.step(run.id, 0).await.unwrap().unwrap().updated_at;
     s.engine
-        .answer(run.id, 0, true, None, &lead())
+        .answer(run.id, 0, true, None, asked, &lead())
         .await
         .unwrap();
     assert_eq!(
@@ -1958,6 +2031,7 @@ common::on_both_backends!(
     r3_a_reworded_retry_gets_the_recorded_outcome_not_a_second_effect,
     r12_a_call_without_a_step_goes_to_the_tools_oldest_owed_step,
     r12_a_final_outcome_the_client_gave_up_on_stays_owed_to_its_retry,
+    r7_an_answer_given_again_does_not_settle_a_later_question,
     r4_not_executed_is_retried_under_the_same_key,
     r4_a_refusal_is_failed_and_final,
     r6_a_call_whose_way_back_cannot_be_built_waits_for_a_person,

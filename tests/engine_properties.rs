@@ -320,11 +320,21 @@ async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<usize, String>
                 .iter()
                 .any(|e| e.key == step.idempotency_key);
             match surviving_crashes!(case, |engine| engine
-                .answer(run.id, step.step_idx, happened, None, &person)
+                .answer(
+                    run.id,
+                    step.step_idx,
+                    happened,
+                    None,
+                    step.updated_at,
+                    &person
+                )
                 .await)
             {
-                // Settled meanwhile (a restart's resume reconciled it).
+                // Settled meanwhile (a restart's resume reconciled it), or
+                // asked again after a crash: the person looks again on the
+                // next round.
                 Ok(_)
+                | Err(Refusal::QuestionAskedAgain { .. })
                 | Err(Refusal::Store(saga_harness::saga::store::StoreError::Stale { .. })) => {}
                 Err(e) => return Err(format!("answering step {}: {e}", step.step_idx)),
             }

@@ -403,7 +403,12 @@ async fn a_decision_or_answer_that_is_neither_choice_is_refused_not_taken_as_no(
         ),
         (
             "answer_question",
-            vec![("run", run), ("step", "0"), ("happened", "true")],
+            vec![
+                ("run", run),
+                ("step", "0"),
+                ("asked", "2026-01-01T00:00:00Z"),
+                ("happened", "true"),
+            ],
         ),
         (
             "answer_compensation",

@@ -190,7 +190,8 @@ impl From<Refusal> for ApiError {
             | Refusal::RunAwaitingApproval
             | Refusal::RunPastPivot
             | Refusal::RunClosed { .. }
-            | Refusal::RunHasOpenEffects(_) => StatusCode::CONFLICT,
+            | Refusal::RunHasOpenEffects(_)
+            | Refusal::QuestionAskedAgain { .. } => StatusCode::CONFLICT,
             Refusal::Store(StoreError::NotFound { .. }) => StatusCode::NOT_FOUND,
             Refusal::Store(StoreError::Invalid(_)) => StatusCode::UNPROCESSABLE_ENTITY,
             // Another instance moved the run or the step first: the agent

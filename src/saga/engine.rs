@@ -182,6 +182,14 @@ pub enum Refusal {
     },
     #[error("the run still has open effects: {0}")]
     RunHasOpenEffects(String),
+    /// A person's answer to a question that has been asked again since
+    /// they read it (their answer was replayed, or the step was re-sent
+    /// and lost again): it answers nothing now.
+    #[error(
+        "step {step} was asked about again after this answer was given: look at the step again \
+         and answer what it asks now"
+    )]
+    QuestionAskedAgain { step: i64 },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -204,6 +212,7 @@ impl Refusal {
             Refusal::InvalidPlan(_) => "invalid_plan",
             Refusal::InvalidArgs { .. } => "invalid_args",
             Refusal::RunHasOpenEffects(_) => "run_has_open_effects",
+            Refusal::QuestionAskedAgain { .. } => "question_asked_again",
             Refusal::Store(_) => "internal",
         }
     }
@@ -1012,54 +1021,70 @@ impl Engine {
 
     /// A person's answer to "did this happen?" (R7), recorded in the audit
     /// trail. The run returns to where it was once no question is left.
+    ///
+    /// `asked` is when the question was asked (the step's `updated_at` as
+    /// the person read it): an answer is bound to that question, so one
+    /// given again (a resubmitted form after the harness died mid-request)
+    /// cannot settle a later question about the same step, which may be
+    /// about an effect the first answer never saw.
     pub async fn answer(
         &self,
         run_id: Uuid,
         step_idx: i64,
         happened: bool,
         external_ref: Option<String>,
+        asked: chrono::DateTime<chrono::Utc>,
         person: &Actor,
     ) -> Result<Step, Refusal> {
-        let (step, back) = {
-            let _serialised = self.serialise(run_id).await?;
-            let to = if happened {
-                StepStatus::Confirmed
-            } else {
-                StepStatus::NotExecuted
-            };
-            let outcome = Outcome {
-                external_ref,
-                ..Outcome::moving(StepStatus::Unknown, to)
-            };
-            let step = self
-                .store
-                .settle_step(run_id, step_idx, outcome, Durability::Durable, person)
-                .await?;
-            let open_questions = self
-                .store
-                .steps(run_id)
-                .await?
-                .into_iter()
-                .any(|s| s.status == StepStatus::Unknown);
-            let mut back = None;
-            if let Some(run) = self.store.run(run_id).await? {
-                if let (RunStatus::NeedsAttention, Some(to), false) =
-                    (run.status, run.resume_to, open_questions)
-                {
-                    self.store
-                        .move_run(
-                            run_id,
-                            RunStatus::NeedsAttention,
-                            to,
-                            person,
-                            Some("every question answered"),
-                        )
-                        .await?;
-                    back = Some(to);
+        let (step, back) =
+            {
+                let _serialised = self.serialise(run_id).await?;
+                let now = self.store.step(run_id, step_idx).await?.ok_or_else(|| {
+                    StoreError::NotFound {
+                        what: format!("step {step_idx} of run {run_id}"),
+                    }
+                })?;
+                if now.status == StepStatus::Unknown && now.updated_at != asked {
+                    return Err(Refusal::QuestionAskedAgain { step: step_idx });
                 }
-            }
-            (step, back)
-        };
+                let to = if happened {
+                    StepStatus::Confirmed
+                } else {
+                    StepStatus::NotExecuted
+                };
+                let outcome = Outcome {
+                    external_ref,
+                    ..Outcome::moving(StepStatus::Unknown, to)
+                };
+                let step = self
+                    .store
+                    .settle_step(run_id, step_idx, outcome, Durability::Durable, person)
+                    .await?;
+                let open_questions = self
+                    .store
+                    .steps(run_id)
+                    .await?
+                    .into_iter()
+                    .any(|s| s.status == StepStatus::Unknown);
+                let mut back = None;
+                if let Some(run) = self.store.run(run_id).await? {
+                    if let (RunStatus::NeedsAttention, Some(to), false) =
+                        (run.status, run.resume_to, open_questions)
+                    {
+                        self.store
+                            .move_run(
+                                run_id,
+                                RunStatus::NeedsAttention,
+                                to,
+                                person,
+                                Some("every question answered"),
+                            )
+                            .await?;
+                        back = Some(to);
+                    }
+                }
+                (step, back)
+            };
         // The commit or unwind that waited for this answer carries on now.
         match back {
             Some(RunStatus::Committing) => {

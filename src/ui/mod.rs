@@ -495,6 +495,19 @@ pub mod ssr {
         }
     }
 
+    /// When the question a form answers was asked (RFC 3339, as the page
+    /// wrote it).
+    pub fn asked_at(value: &str) -> Result<chrono::DateTime<chrono::Utc>, ServerFnError> {
+        chrono::DateTime::parse_from_rfc3339(value)
+            .map(|at| at.with_timezone(&chrono::Utc))
+            .map_err(|_| {
+                refused(
+                    StatusCode::BAD_REQUEST,
+                    format!("asked must be the time the question was asked, not {value:?}"),
+                )
+            })
+    }
+
     /// Why this text from a form cannot be stored, if it cannot:
     /// PostgreSQL keeps no NUL character in text (refused on SQLite alike).
     pub fn unstorable(text: &str) -> Option<&'static str> {

@@ -112,6 +112,10 @@ pub struct Question {
     pub args: String,
     pub key: String,
     pub why: String,
+    /// When the question was asked (the step's last change, RFC 3339): the
+    /// answer is bound to it, so a resubmitted answer cannot settle a later
+    /// question about the same step.
+    pub asked: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -293,6 +297,7 @@ fn questions_panel(run: &str, questions: Vec<Question>, may: bool) -> impl IntoV
             <p>"No system could say whether these calls took effect. Check in the system itself, then answer."</p>
             {questions.into_iter().map(|q| {
                 let (yes_run, no_run) = (run.to_owned(), run.to_owned());
+                let (yes_asked, no_asked) = (q.asked.clone(), q.asked.clone());
                 let step = q.step_idx;
                 if q.about_compensation {
                     return view! {
@@ -331,12 +336,14 @@ fn questions_panel(run: &str, questions: Vec<Question>, may: bool) -> impl IntoV
                                 <ActionForm action=answer>
                                     <input type="hidden" name="run" value=yes_run/>
                                     <input type="hidden" name="step" value=step/>
+                                    <input type="hidden" name="asked" value=yes_asked/>
                                     <input type="hidden" name="happened" value="yes"/>
                                     <button type="submit">"It happened"</button>
                                 </ActionForm>
                                 <ActionForm action=answer>
                                     <input type="hidden" name="run" value=no_run/>
                                     <input type="hidden" name="step" value=step/>
+                                    <input type="hidden" name="asked" value=no_asked/>
                                     <input type="hidden" name="happened" value="no"/>
                                     <button type="submit">"It did not happen"</button>
                                 </ActionForm>
@@ -492,13 +499,18 @@ pub async fn decide_step(
 pub async fn answer_question(
     run: String,
     step: i64,
+    asked: String,
     happened: String,
 ) -> Result<(), ServerFnError> {
     let person = super::ssr::deciding_person().await?;
     let state = super::ssr::app_state()?;
     let run_id = super::ssr::run_id(&run)?;
     let yes = super::ssr::choice("happened", &happened, "yes", "no")?;
-    let done = state.engine.answer(run_id, step, yes, None, &person).await;
+    let asked = super::ssr::asked_at(&asked)?;
+    let done = state
+        .engine
+        .answer(run_id, step, yes, None, asked, &person)
+        .await;
     super::ssr::back_to(
         &format!("/runs/{run}"),
         done.map(|step| {
@@ -702,6 +714,9 @@ pub(crate) mod ssr {
                         }
                         _ => "nobody can tell whether it happened".to_owned(),
                     },
+                    asked: c
+                        .updated_at
+                        .to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
                 });
             steps
                 .iter()
@@ -717,6 +732,9 @@ pub(crate) mod ssr {
                         .error
                         .clone()
                         .unwrap_or_else(|| "its outcome is unknown and it has no lookup".into()),
+                    asked: s
+                        .updated_at
+                        .to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
                 })
                 .chain(undoing)
                 .collect()
