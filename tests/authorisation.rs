@@ -347,6 +347,7 @@ fn decisions(t: &Targets) -> Vec<(&'static str, Vec<(&'static str, String)>)> {
             vec![
                 ("run", t.unwind_run.clone()),
                 ("step", "0".into()),
+                ("asked", "2026-01-01T00:00:00Z".into()),
                 ("undone", "yes".into()),
             ],
         ),

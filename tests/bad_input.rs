@@ -529,7 +529,7 @@ const SERVER_FUNCTIONS: &[(&str, &[&str])] = &[
     ("decide_pivot", &["run", "approval", "digest", "decision"]),
     ("decide_step", &["run", "approval", "digest", "decision"]),
     ("answer_question", &["run", "step", "asked", "happened"]),
-    ("answer_compensation", &["run", "step", "undone"]),
+    ("answer_compensation", &["run", "step", "asked", "undone"]),
     ("unwind_run", &["run", "reason"]),
     ("send_correction", &["id", "message"]),
     ("answer_correction_send", &["id", "went_out"]),

@@ -181,6 +181,11 @@ async fn r12_a_final_outcome_the_client_gave_up_on_stays_owed_to_its_retry(s: Se
     );
 }
 
+/// When the question about step 0's compensation was asked.
+async fn compensation_asked(s: &Setup, run_id: uuid::Uuid) -> chrono::DateTime<chrono::Utc> {
+    s.store.compensations(run_id).await.unwrap()[0].updated_at
+}
+
 /// `create_ticket` as a client that names no step calls it (the MCP
 /// gateway), still listening for the answer or not.
 async fn ticket_without_a_step(
@@ -1072,15 +1077,16 @@ async fn r8_a_refused_compensation_waits_for_a_person_who_undoes_it_by_hand(s: S
     // Nothing to send again: the system refused it. A person closes the
     // ticket by hand and says so; the unwind finishes.
     let person = Actor::User("dana".into());
+    let asked = compensation_asked(&s, run.id).await;
     let err = s
         .engine
-        .answer_compensation(run.id, 0, false, &person)
+        .answer_compensation(run.id, 0, false, asked, &person)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("undone by hand"), "{err}");
     let row = s
         .engine
-        .answer_compensation(run.id, 0, true, &person)
+        .answer_compensation(run.id, 0, true, asked, &person)
         .await
         .unwrap();
     assert_eq!(row.status, StepStatus::Confirmed);
@@ -1119,8 +1125,25 @@ async fn r8_an_unknown_compensation_a_person_says_did_not_happen_is_sent_again_o
         .unwrap();
     assert_eq!(waiting.status, RunStatus::NeedsAttention);
     s.world.lookups_down(false);
+    let asked = compensation_asked(&s, run.id).await;
+    // An answer to an earlier asking of this question (a replayed form)
+    // settles nothing and sends nothing.
+    let replayed = s
+        .engine
+        .answer_compensation(
+            run.id,
+            0,
+            false,
+            asked - chrono::Duration::seconds(1),
+            &Actor::User("dana".into()),
+        )
+        .await;
+    assert!(
+        matches!(replayed, Err(Refusal::QuestionAskedAgain { step: 0 })),
+        "{replayed:?}"
+    );
     s.engine
-        .answer_compensation(run.id, 0, false, &Actor::User("dana".into()))
+        .answer_compensation(run.id, 0, false, asked, &Actor::User("dana".into()))
         .await
         .unwrap();
     let run = s.store.run(run.id).await.unwrap().unwrap();

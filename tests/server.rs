@@ -412,7 +412,12 @@ async fn a_decision_or_answer_that_is_neither_choice_is_refused_not_taken_as_no(
         ),
         (
             "answer_compensation",
-            vec![("run", run), ("step", "0"), ("undone", "")],
+            vec![
+                ("run", run),
+                ("step", "0"),
+                ("asked", "2026-01-01T00:00:00Z"),
+                ("undone", ""),
+            ],
         ),
     ] {
         let response = client

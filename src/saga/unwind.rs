@@ -70,6 +70,7 @@ impl Engine {
         run_id: Uuid,
         step_idx: i64,
         undone: bool,
+        asked: chrono::DateTime<chrono::Utc>,
         person: &Actor,
     ) -> Result<Compensation, Refusal> {
         let (row, carry_on) = {
@@ -83,6 +84,15 @@ impl Engine {
                 .ok_or_else(|| super::store::StoreError::NotFound {
                     what: format!("the compensation of step {step_idx}"),
                 })?;
+            // Bound to the question the person read, as `answer` is: a
+            // replayed "it did not happen" would send the undo again.
+            let open = matches!(
+                row.status,
+                StepStatus::Intended | StepStatus::Unknown | StepStatus::Failed
+            );
+            if open && row.updated_at != asked {
+                return Err(Refusal::QuestionAskedAgain { step: step_idx });
+            }
             let to = match (row.status, undone) {
                 (StepStatus::Intended | StepStatus::Unknown | StepStatus::Failed, true) => {
                     StepStatus::Confirmed

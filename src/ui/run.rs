@@ -310,6 +310,7 @@ fn questions_panel(run: &str, questions: Vec<Question>, may: bool) -> impl IntoV
                                     <ActionForm action=undo_answer>
                                         <input type="hidden" name="run" value=yes_run/>
                                         <input type="hidden" name="step" value=step/>
+                                        <input type="hidden" name="asked" value=yes_asked/>
                                         <input type="hidden" name="undone" value="yes"/>
                                         <button type="submit">"It is undone"</button>
                                     </ActionForm>
@@ -317,6 +318,7 @@ fn questions_panel(run: &str, questions: Vec<Question>, may: bool) -> impl IntoV
                                         <ActionForm action=undo_answer>
                                             <input type="hidden" name="run" value=no_run/>
                                             <input type="hidden" name="step" value=step/>
+                                            <input type="hidden" name="asked" value=no_asked/>
                                             <input type="hidden" name="undone" value="no"/>
                                             <button type="submit">"It did not happen: send it again"</button>
                                         </ActionForm>
@@ -529,15 +531,17 @@ pub async fn answer_question(
 pub async fn answer_compensation(
     run: String,
     step: i64,
+    asked: String,
     undone: String,
 ) -> Result<(), ServerFnError> {
     let person = super::ssr::deciding_person().await?;
     let state = super::ssr::app_state()?;
     let run_id = super::ssr::run_id(&run)?;
     let yes = super::ssr::choice("undone", &undone, "yes", "no")?;
+    let asked = super::ssr::asked_at(&asked)?;
     let done = state
         .engine
-        .answer_compensation(run_id, step, yes, &person)
+        .answer_compensation(run_id, step, yes, asked, &person)
         .await;
     super::ssr::back_to(
         &format!("/runs/{run}"),
