@@ -143,6 +143,13 @@ fn structured(result: &CallToolResult) -> Value {
     })
 }
 
+/// Exactly one email went out, addressed to Grace alone.
+fn one_letter_to_grace(h: &Harness) {
+    let letters = h.sims.smtp.ledger().of("email.received");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].detail["to"], json!(["grace@example.com"]));
+}
+
 fn reship(email: &str) -> Value {
     json!({"order_id": "ord_1002", "items": ["LAMP-7"], "email": email})
 }
@@ -648,9 +655,7 @@ async fn mcp_the_pivot_waits_for_a_person_and_a_call_after_the_decision_reads_th
         h.sims.stripe.ledger().of("payment_intent.captured").len(),
         1
     );
-    let letters = h.sims.smtp.ledger().of("email.received");
-    assert_eq!(letters.len(), 1);
-    assert_eq!(letters[0].detail["to"], json!(["grace@example.com"]));
+    one_letter_to_grace(&h);
     client.cancel().await.unwrap();
 }
 
@@ -718,9 +723,7 @@ async fn mcp_a_held_call_is_a_task_the_client_polls_until_a_person_decides() {
     // Polled again, it answers the same; the letter went out once.
     let again = client.get_task(GetTaskParams::new(task_id)).await.unwrap();
     assert_eq!(again.task.status(), TaskStatus::Completed);
-    let letters = h.sims.smtp.ledger().of("email.received");
-    assert_eq!(letters.len(), 1);
-    assert_eq!(letters[0].detail["to"], json!(["grace@example.com"]));
+    one_letter_to_grace(&h);
     client.cancel().await.unwrap();
 }
 
