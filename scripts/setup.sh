@@ -99,6 +99,14 @@ setup_postgres() {
   export SAGA_TEST_POSTGRES_URL="postgres://saga_test:saga_test@127.0.0.1:5432/postgres"
 }
 
+# promtool (Debian's prometheus package) checks the /metrics output.
+setup_promtool() {
+  if ! command -v promtool >/dev/null; then
+    say "installing promtool (Debian's prometheus package)"
+    apt_install prometheus
+  fi
+}
+
 # Python tools the tests drive: a real SMTP server (aiosmtpd) for the email
 # connector, and an OpenAPI 3 validator for the API document.
 setup_python_tools() {

@@ -10,6 +10,7 @@ setup_build_tools
 setup_browser
 setup_postgres
 setup_python_tools
+setup_promtool
 
 # The same flags cargo-leptos uses for dev builds, so the tests, clippy and
 # the app share one set of compiled dependencies.

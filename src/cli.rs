@@ -15,19 +15,12 @@ use std::process::ExitCode;
 
 pub async fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The benchmark prints a table; its servers' and slow-query lines
-    // would bury it.
     let quiet = if matches!(cli.command, Command::Bench(_)) {
-        "warn,sqlx=error"
+        crate::ops::logging::BENCH_FILTER
     } else {
-        "info,sqlx=warn"
+        crate::ops::logging::DEFAULT_FILTER
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| quiet.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    crate::ops::logging::init(cli.log_format, quiet);
     match run(cli.command).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -128,6 +121,16 @@ async fn run(command: Command) -> anyhow::Result<()> {
             eprintln!("token for agent {agent} (shown once; only its hash is stored):");
             println!("{token}");
             Ok(())
+        }
+        Command::Doctor(args) => {
+            let report =
+                crate::ops::doctor::examine(args.tools.as_deref(), &args.database.database_url)
+                    .await;
+            print!("{}", report.text());
+            match report.fixes() {
+                0 => Ok(()),
+                n => bail!("{n} thing(s) to fix, listed above"),
+            }
         }
         Command::Demo(args) => crate::demo::run(args).await,
         Command::Bench(args) => crate::bench::run(args).await,

@@ -14,6 +14,16 @@ use std::path::PathBuf;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// How the log is written to standard error: text lines, or one JSON
+    /// object a line with the spans it happened in.
+    #[arg(
+        long,
+        global = true,
+        env = "SAGA_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: crate::ops::logging::LogFormat,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -43,6 +53,12 @@ pub enum Command {
     /// Start the simulators and the server on a fresh SQLite file, and run a
     /// scripted agent that leaves runs to look at in the dashboard.
     Demo(DemoArgs),
+    /// Check a tools file and a database the way a new user needs: the
+    /// file's validation, each connector's credentials, each system
+    /// reachable and its lookup answering (read-only), the database's
+    /// migrations and durability settings. Exits non-zero when something
+    /// needs fixing.
+    Doctor(DoctorArgs),
     /// Measure the per-step cost against the disk's commit floor, the HTTP
     /// path, flatness, unwind, the dashboard and (optionally) peer engines;
     /// print a table and write JSON.
@@ -98,6 +114,15 @@ pub struct BenchArgs {
 }
 
 #[derive(Debug, Args, Clone)]
+pub struct DoctorArgs {
+    /// The tools file (TOML) to check.
+    #[arg(long, env = "SAGA_TOOLS")]
+    pub tools: Option<PathBuf>,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+#[derive(Debug, Args, Clone)]
 pub struct DemoArgs {
     /// Address the dashboard and the agent API listen on.
     #[arg(long, env = "SAGA_BIND", default_value = "127.0.0.1:3000")]
@@ -139,6 +164,31 @@ pub struct ServeArgs {
     pub secure_cookies: bool,
     #[command(flatten)]
     pub limits: Limits,
+    #[command(flatten)]
+    pub operations: Operations,
+}
+
+/// What the people who run the harness reach besides the public address.
+#[derive(Clone, Debug, Args)]
+pub struct Operations {
+    /// Serve Prometheus metrics (`GET /metrics`) on this address, apart
+    /// from the public one; off unless given.
+    #[arg(long, env = "SAGA_METRICS_BIND")]
+    pub metrics_bind: Option<SocketAddr>,
+    /// On SIGTERM or Ctrl-C: seconds the calls in flight have to finish
+    /// after new ones stop being taken; whatever is cut off resumes from the
+    /// log at the next start.
+    #[arg(long, env = "SAGA_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for Operations {
+    fn default() -> Self {
+        Operations {
+            metrics_bind: None,
+            shutdown_grace_secs: 10,
+        }
+    }
 }
 
 /// What protects the server from slow or hostile clients, and who may say

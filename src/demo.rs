@@ -64,6 +64,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         tools: None,
         secure_cookies: false,
         limits: Default::default(),
+        operations: Default::default(),
     };
     let app = Application::build_from(serve, registry, connectors).await?;
     let state = app.state().clone();

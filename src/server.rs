@@ -38,6 +38,11 @@ pub struct AppState {
     pub sign_ins: Arc<crate::auth::SignInThrottle>,
     /// Reverse proxies whose `X-Forwarded-For` names the client.
     pub trusted_proxies: Arc<Vec<std::net::IpAddr>>,
+    /// The database as opened: its readiness and its pool, for operators.
+    pub opened: Opened,
+    pub metrics: Arc<crate::ops::metrics::Metrics>,
+    /// Set once shutdown has begun (`/readyz` then says so).
+    pub draining: crate::ops::health::Draining,
 }
 
 impl FromRef<AppState> for LeptosOptions {
@@ -82,6 +87,7 @@ pub enum ServerError {
 
 pub struct Application {
     listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
     router: Router,
     state: AppState,
     limits: crate::serving::ConnectionLimits,
@@ -137,6 +143,14 @@ impl Application {
                 source,
             })?;
         let addr = listener.local_addr().map_err(ServerError::Serve)?;
+        let metrics_listener = match args.operations.metrics_bind {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| ServerError::Bind { addr, source })?,
+            ),
+            None => None,
+        };
         // Unnamed, an instance is its host and port: unique among live
         // instances, and the same again when it restarts in place.
         let mut settings = args.database.store.clone();
@@ -151,11 +165,11 @@ impl Application {
             })?;
         let store = opened.saga_store();
         let registry = Arc::new(registry);
-        let engine = Arc::new(Engine::new(
-            store.clone(),
-            registry.clone(),
-            Arc::new(connectors),
-        ));
+        let metrics = Arc::new(crate::ops::metrics::Metrics::new());
+        let engine = Arc::new(
+            Engine::new(store.clone(), registry.clone(), Arc::new(connectors))
+                .observed_by(metrics.clone()),
+        );
         // R11: the log says what was in flight when the last process
         // stopped; settle it before taking new calls. (Runs another live
         // instance holds are left to it; the sweep below carries on any
@@ -172,22 +186,34 @@ impl Application {
             engine,
             sign_ins: Arc::new(crate::auth::SignInThrottle::standard()),
             trusted_proxies: Arc::new(args.limits.trusted_proxies.clone()),
+            opened: opened.clone(),
+            metrics,
+            draining: Default::default(),
         };
         let timeout = std::time::Duration::from_secs(args.limits.request_timeout_secs.max(1));
         let router = router(state.clone(), &opened, args.secure_cookies, timeout).await?;
         Ok(Application {
             listener,
+            metrics_listener,
             router,
             state,
             limits: crate::serving::ConnectionLimits {
                 max_connections: args.limits.max_connections,
                 header_timeout: timeout,
+                shutdown_grace: std::time::Duration::from_secs(args.operations.shutdown_grace_secs),
             },
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.state.leptos_options.site_addr
+    }
+
+    /// Where `/metrics` is served, when `--metrics-bind` asked for it.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
     }
 
     pub fn state(&self) -> &AppState {
@@ -228,10 +254,27 @@ impl Application {
                 }
             }
         });
+        let metrics_server = self.metrics_listener.map(|listener| {
+            let router = crate::ops::health::metrics_router(self.state.clone());
+            tokio::spawn(async move {
+                if let Err(err) = axum::serve(listener, router).await {
+                    tracing::error!(%err, "serving /metrics");
+                }
+            })
+        });
+        let draining = self.state.draining.clone();
+        let shutdown = async move {
+            shutdown.await;
+            draining.start();
+            tracing::info!("shutting down: no new calls; the ones in flight may finish");
+        };
         let served = crate::serving::serve(self.listener, self.router, self.limits, shutdown)
             .await
             .map_err(ServerError::Serve);
         sweeper.abort();
+        if let Some(metrics_server) = metrics_server {
+            metrics_server.abort();
+        }
         served
     }
 
@@ -343,7 +386,7 @@ async fn router(
 ) -> Result<Router, ServerError> {
     let routes = generate_route_list(ui::App);
     let app = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .merge(crate::ops::health::routes())
         .merge(crate::api::router())
         .merge(crate::mcp::router(&state))
         .route(ui::LIVE_PATH, get(live_changes))
@@ -364,7 +407,7 @@ async fn router(
             body_timeout,
         ));
     let expiry = Expiry::OnInactivity(tower_sessions::cookie::time::Duration::hours(8));
-    match opened {
+    let app = match opened {
         Opened::Sqlite(store) => {
             let sessions = SqliteSessions::new(store.session_pool());
             let migrated = sessions.migrate().await;
@@ -380,7 +423,14 @@ async fn router(
             let migrated = sessions.migrate().await;
             with_sessions(app, sessions, migrated, expiry, secure)
         }
-    }
+    }?;
+    // Outermost, so a request's span is the root of everything it causes.
+    Ok(app.layer(
+        tower_http::trace::TraceLayer::new_for_http()
+            .make_span_with(request_span)
+            .on_request(())
+            .on_response(record_status),
+    ))
 }
 
 /// The dashboard's sessions in `sessions`, once its table is migrated;
@@ -433,11 +483,39 @@ fn session_layer<S: tower_sessions::SessionStore + Clone>(
         .with_secure(secure)
 }
 
+/// One span per request: its method and route (the router's pattern, so
+/// a run's label or id never becomes a span name), and, once answered, its
+/// status. Saga steps and system requests are its children.
+fn request_span(request: &Request<Body>) -> tracing::Span {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| request.uri().path().to_owned());
+    tracing::info_span!(
+        "request",
+        method = %request.method(),
+        route,
+        status = tracing::field::Empty,
+    )
+}
+
+fn record_status(response: &Response, latency: std::time::Duration, span: &tracing::Span) {
+    span.record("status", response.status().as_u16());
+    tracing::info!(
+        parent: span,
+        status = response.status().as_u16(),
+        took_ms = latency.as_millis() as u64,
+        "answered"
+    );
+}
+
 /// Paths anyone may fetch: the sign-in page, static files, the health
-/// check, and server functions (each checks the session itself).
+/// checks, and server functions (each checks the session itself).
 fn is_public(path: &str) -> bool {
     path == "/login"
         || path == "/healthz"
+        || path == "/readyz"
         || path == "/favicon.svg"
         || path.starts_with("/pkg/")
         || path.starts_with("/api/")

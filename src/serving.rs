@@ -17,15 +17,15 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tower::ServiceExt as _;
 
-/// How long shutdown waits for in-flight requests (and open event streams)
-/// before it lets them go; whatever was cut off resumes from the log.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectionLimits {
     pub max_connections: usize,
     /// For the request line and headers of each request.
     pub header_timeout: Duration,
+    /// How long shutdown waits for in-flight requests (and open event
+    /// streams) before it lets them go; whatever was cut off resumes from
+    /// the log.
+    pub shutdown_grace: Duration,
 }
 
 /// Raises the soft limit on open files to the hard limit, so the
@@ -110,7 +110,7 @@ pub async fn serve(
     drop(listener);
     tokio::select! {
         () = graceful.shutdown() => {}
-        () = tokio::time::sleep(SHUTDOWN_GRACE) => {
+        () = tokio::time::sleep(limits.shutdown_grace) => {
             tracing::warn!("shutdown grace period over; cutting the remaining connections");
         }
     }

@@ -47,6 +47,7 @@ fn serve_args(url: &str, tools: std::path::PathBuf) -> ServeArgs {
         tools: Some(tools),
         secure_cookies: false,
         limits: Default::default(),
+        operations: Default::default(),
     }
 }
 

@@ -37,6 +37,7 @@ async fn start_harness(database_url: &str, tools: PathBuf, token: Option<&str>) 
         tools: Some(tools),
         secure_cookies: false,
         limits: Default::default(),
+        operations: Default::default(),
     })
     .await
     .unwrap();

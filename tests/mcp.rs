@@ -54,6 +54,7 @@ async fn start_with(db: common::TestDb, more: &str) -> Harness {
         tools: Some(tools),
         secure_cookies: false,
         limits: Default::default(),
+        operations: Default::default(),
     })
     .await
     .unwrap();

@@ -20,6 +20,7 @@ fn serve_args(url: &str, bind: SocketAddr, tools: Option<PathBuf>) -> ServeArgs 
         tools,
         secure_cookies: false,
         limits: Default::default(),
+        operations: Default::default(),
     }
 }
 

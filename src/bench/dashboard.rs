@@ -137,6 +137,9 @@ impl Dashboard {
             engine,
             sign_ins: Arc::new(crate::auth::SignInThrottle::standard()),
             trusted_proxies: Arc::new(Vec::new()),
+            opened,
+            metrics: Default::default(),
+            draining: Default::default(),
         };
         Ok((Dashboard { state, runs }, filled_s))
     }

@@ -51,6 +51,7 @@ impl FullPath {
             tools: None,
             secure_cookies: false,
             limits: Default::default(),
+            operations: Default::default(),
         };
         let app = Application::build_from(serve, registry, connectors).await?;
         let token = auth::new_api_token();

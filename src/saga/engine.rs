@@ -9,10 +9,12 @@
 
 use super::class::{Phase, ToolClass};
 use super::connector::{
-    classify, outcome_of_call, outcome_of_lookup, Classified, Connector, Lookup, LookupError,
+    classify, outcome_of_call, outcome_of_lookup, CallReport, Classified, Connector, Lookup,
+    LookupError,
 };
 use super::key::step_key;
 use super::model::*;
+use super::observe::{system_of, Observer, Settlement, SystemRequest, Unobserved};
 use super::registry::{Registry, ToolSpec};
 use super::status::{ApprovalStatus, RunStatus, StepStatus};
 use super::store::{ClaimedRead, RunClaim, SagaStore, StoreError};
@@ -22,6 +24,7 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 /// What the agent is told about its call (§5): never an HTTP error.
@@ -298,6 +301,7 @@ pub struct Engine {
     /// One call at a time per run in this process, so a re-sent step never
     /// races its own first attempt.
     run_locks: Mutex<RunLocks>,
+    observer: Arc<dyn Observer>,
 }
 
 impl Engine {
@@ -311,7 +315,60 @@ impl Engine {
             registry,
             connector,
             run_locks: Mutex::new(RunLocks::default()),
+            observer: Arc::new(Unobserved),
         }
+    }
+
+    /// The engine, telling `observer` what it does (the operators' metrics).
+    pub fn observed_by(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = observer;
+        self
+    }
+
+    pub(crate) fn observer(&self) -> &dyn Observer {
+        self.observer.as_ref()
+    }
+
+    /// Moves a step to its outcome in the log (the store's compare-and-set)
+    /// and tells the observer. Every step outcome goes through here.
+    pub(crate) async fn settle_step(
+        &self,
+        run_id: Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+    ) -> Result<Step, StoreError> {
+        let from = outcome.from;
+        let settled = self
+            .store
+            .settle_step(run_id, step_idx, outcome, durability, actor)
+            .await?;
+        self.observer.step_moved(
+            &settled.tool,
+            settled.tool_class.as_str(),
+            from,
+            settled.status,
+        );
+        Ok(settled)
+    }
+
+    /// A compensation's outcome, as `settle_step` is a step's.
+    pub(crate) async fn settle_compensation(
+        &self,
+        run_id: Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+    ) -> Result<Compensation, StoreError> {
+        let settled = self
+            .store
+            .settle_compensation(run_id, step_idx, outcome, durability, actor)
+            .await?;
+        self.observer
+            .compensation_moved(&settled.tool, settled.status);
+        Ok(settled)
     }
 
     pub fn store(&self) -> &Arc<dyn SagaStore> {
@@ -478,7 +535,46 @@ impl Engine {
         .await
     }
 
+    /// One agent call in its span (run, tool, and, once known, step, key
+    /// and outcome), so every system request it makes is a child of it.
     async fn call_at(
+        &self,
+        agent: &str,
+        run_id: Uuid,
+        tool: &str,
+        args: Value,
+        how: How<'_>,
+    ) -> Result<CallOutcome, Refusal> {
+        let span = tracing::info_span!(
+            "saga.step",
+            %run_id,
+            tool,
+            step = tracing::field::Empty,
+            key = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let answered = self
+            .call_in_span(agent, run_id, tool, args, how)
+            .instrument(span.clone())
+            .await;
+        match &answered {
+            Ok(answer) => {
+                if let Some(step) = answer.step {
+                    span.record("step", step);
+                }
+                if let Some(key) = &answer.key {
+                    span.record("key", key.as_str());
+                }
+                span.record("outcome", answer.outcome.as_str());
+            }
+            Err(refusal) => {
+                span.record("outcome", refusal.code());
+            }
+        }
+        answered
+    }
+
+    async fn call_in_span(
         &self,
         agent: &str,
         run_id: Uuid,
@@ -531,6 +627,7 @@ impl Engine {
             tool: tool.to_owned(),
             next_step: Cursor::of(run.next_step, owed_steps()).next_step,
         })?;
+        tracing::Span::current().record("step", step);
         if step < run.next_step {
             let logged = self
                 .store
@@ -540,6 +637,7 @@ impl Engine {
                     step,
                     next_step: run.next_step,
                 })?;
+            tracing::Span::current().record("key", logged.idempotency_key.as_str());
             if logged.tool != tool {
                 return Err(Refusal::StepMismatch {
                     step,
@@ -604,6 +702,7 @@ impl Engine {
             return Err(Refusal::GatedTool(tool.to_owned()));
         }
         let key = step_key(run_id, step, tool);
+        tracing::Span::current().record("key", key.as_str());
         let (compensation, held_because) = match spec.way_back(&key, &args) {
             Ok(way) => (way, None),
             Err(reason) => (
@@ -842,7 +941,6 @@ impl Engine {
     /// NOT_EXECUTED → INTENDED → the call again: same key, logged arguments.
     async fn retry(&self, step: Step) -> Result<Step, Refusal> {
         let step = self
-            .store
             .settle_step(
                 step.run_id,
                 step.step_idx,
@@ -858,7 +956,35 @@ impl Engine {
     /// from INTENDED (R4). Steps, compensations and correction sends all
     /// go out through here.
     pub(crate) async fn send(&self, operation: &str, key: &str, args: &Value) -> Outcome {
-        let report = self.connector.execute(operation, key, args).await;
+        let system = system_of(operation);
+        let span = tracing::info_span!(
+            "system.request",
+            system,
+            operation,
+            key,
+            request = "execute",
+            http.status = tracing::field::Empty,
+        );
+        self.observer.request_started(system);
+        let started = std::time::Instant::now();
+        let report = self
+            .connector
+            .execute(operation, key, args)
+            .instrument(span.clone())
+            .await;
+        let took = started.elapsed();
+        self.observer
+            .request_ended(system, SystemRequest::Execute, took);
+        let answered = match &report {
+            CallReport::Answered { status, .. } => {
+                span.record("http.status", status);
+                "answered"
+            }
+            CallReport::TimedOut => "timed out",
+            CallReport::ResetAfterSend => "connection reset after the request went out",
+            CallReport::NotSent { .. } => "not sent",
+        };
+        tracing::info!(parent: &span, took_ms = took.as_millis() as u64, "{system}: {answered}");
         let classified = classify(&report, |body| self.connector.external_ref(operation, body));
         outcome_of_call(StepStatus::Intended, classified)
     }
@@ -879,7 +1005,6 @@ impl Engine {
             Durability::Durable
         };
         let settled = match self
-            .store
             .settle_step(step.run_id, step.step_idx, outcome, durability, actor)
             .await
         {
@@ -912,14 +1037,18 @@ impl Engine {
             return Ok(step);
         }
         let spec = self.spec(&step.tool)?;
-        let found = self
-            .look_up(
+        let started = std::time::Instant::now();
+        let (found, looks) = self
+            .look_up_counting(
                 &spec.connector,
                 &step.idempotency_key,
                 &step.args,
                 spec.settle_ms,
             )
             .await;
+        if found.is_ok() {
+            self.observer.reconciled(&step.tool, started.elapsed());
+        }
         let outcome = match found {
             Ok(found) => outcome_of_lookup(step.status, found),
             Err(LookupError::Unsupported) => {
@@ -935,8 +1064,7 @@ impl Engine {
                     .await;
             }
         };
-        Ok(self
-            .store
+        let settled = self
             .settle_step(
                 step.run_id,
                 step.step_idx,
@@ -944,7 +1072,11 @@ impl Engine {
                 Durability::Durable,
                 &Actor::System,
             )
-            .await?)
+            .await?;
+        if settled.status.is_settled() {
+            self.observer.unknown_settled(&step.tool, looks);
+        }
+        Ok(settled)
     }
 
     /// R7's lookup: asks the system for the key; "not found" is asked
@@ -956,13 +1088,60 @@ impl Engine {
         args: &Value,
         settle_ms: u64,
     ) -> Result<Lookup, LookupError> {
-        match self.connector.lookup(operation, key, args).await {
+        self.look_up_counting(operation, key, args, settle_ms)
+            .await
+            .0
+    }
+
+    /// `look_up`, also saying which look answered.
+    async fn look_up_counting(
+        &self,
+        operation: &str,
+        key: &str,
+        args: &Value,
+        settle_ms: u64,
+    ) -> (Result<Lookup, LookupError>, Settlement) {
+        match self.ask_system(operation, key, args).await {
             Ok(Lookup::NotFound) => {
                 tokio::time::sleep(Duration::from_millis(settle_ms)).await;
-                self.connector.lookup(operation, key, args).await
+                (
+                    self.ask_system(operation, key, args).await,
+                    Settlement::SecondLook,
+                )
             }
-            other => other,
+            other => (other, Settlement::Lookup),
         }
+    }
+
+    /// One lookup request to the system, in its span.
+    async fn ask_system(
+        &self,
+        operation: &str,
+        key: &str,
+        args: &Value,
+    ) -> Result<Lookup, LookupError> {
+        let system = system_of(operation);
+        let span =
+            tracing::info_span!("system.request", system, operation, key, request = "lookup");
+        let started = std::time::Instant::now();
+        let found = self
+            .connector
+            .lookup(operation, key, args)
+            .instrument(span.clone())
+            .await;
+        let took = started.elapsed();
+        if !matches!(found, Err(LookupError::Unsupported)) {
+            self.observer
+                .request_ended(system, SystemRequest::Lookup, took);
+            let answer = match &found {
+                Ok(Lookup::FoundSucceeded { .. }) => "found".to_owned(),
+                Ok(Lookup::FoundFailed { .. }) => "found failed".to_owned(),
+                Ok(Lookup::NotFound) => "not found".to_owned(),
+                Err(err) => err.to_string(),
+            };
+            tracing::info!(parent: &span, took_ms = took.as_millis() as u64, "{system} lookup: {answer}");
+        }
+        found
     }
 
     async fn mark_unknown(&self, step: Step, why: &str) -> Result<Step, Refusal> {
@@ -971,7 +1150,6 @@ impl Engine {
         }
         let outcome = Outcome::because(step.status, StepStatus::Unknown, why);
         Ok(self
-            .store
             .settle_step(
                 step.run_id,
                 step.step_idx,
@@ -1057,9 +1235,10 @@ impl Engine {
                     ..Outcome::moving(StepStatus::Unknown, to)
                 };
                 let step = self
-                    .store
                     .settle_step(run_id, step_idx, outcome, Durability::Durable, person)
                     .await?;
+                self.observer
+                    .unknown_settled(&step.tool, Settlement::Person);
                 let open_questions = self
                     .store
                     .steps(run_id)
@@ -1163,7 +1342,6 @@ impl Engine {
             StepStatus::Rejected
         };
         let step = self
-            .store
             .settle_step(
                 approval.run_id,
                 step_idx,

@@ -17,6 +17,8 @@ pub mod key;
 #[cfg(feature = "ssr")]
 pub mod model;
 #[cfg(feature = "ssr")]
+pub mod observe;
+#[cfg(feature = "ssr")]
 pub mod pivot;
 #[cfg(feature = "ssr")]
 pub mod registry;

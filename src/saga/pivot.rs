@@ -189,6 +189,9 @@ impl Engine {
         if to == ApprovalStatus::Approved {
             crate::failpoint::hit("pivot.after_approval");
         }
+        if to == ApprovalStatus::Expired {
+            self.observer().approval_expired(ApprovalKind::Pivot);
+        }
         // A replayed decision finds the first one's outcome and carries on
         // from wherever the run is.
         let run = self

@@ -55,6 +55,7 @@ impl Engine {
                         Some(reason),
                     )
                     .await?;
+                self.observer().unwind_started(actor);
             }
         }
         self.continue_unwind(run_id).await
@@ -111,7 +112,6 @@ impl Engine {
                 }
             };
             let row = self
-                .store()
                 .settle_compensation(
                     run_id,
                     step_idx,
@@ -185,15 +185,14 @@ impl Engine {
         }
         for step in self.store().steps(run_id).await? {
             if step.status == StepStatus::AwaitingApproval {
-                self.store()
-                    .settle_step(
-                        run_id,
-                        step.step_idx,
-                        Outcome::moving(StepStatus::AwaitingApproval, StepStatus::Rejected),
-                        Durability::Durable,
-                        &Actor::System,
-                    )
-                    .await?;
+                self.settle_step(
+                    run_id,
+                    step.step_idx,
+                    Outcome::moving(StepStatus::AwaitingApproval, StepStatus::Rejected),
+                    Durability::Durable,
+                    &Actor::System,
+                )
+                .await?;
             }
         }
         // Reconcile before any compensation: a ghost is never compensated,
@@ -341,7 +340,6 @@ impl Engine {
                 other => return Ok(Err(question(format!("is {other}")))),
             };
             row = self
-                .store()
                 .settle_compensation(
                     step.run_id,
                     step.step_idx,

@@ -79,6 +79,7 @@ impl Default for StoreSettings {
 }
 
 /// An opened store, plus the pool the session store should use.
+#[derive(Clone)]
 pub enum Opened {
     Sqlite(Arc<sqlite::SqliteStore>),
     Postgres(Arc<postgres::PostgresStore>),
@@ -100,6 +101,63 @@ impl Opened {
             Opened::Sqlite(store) => store.close().await,
             Opened::Postgres(store) => store.session_pool().close().await,
         }
+    }
+}
+
+impl Opened {
+    /// Whether the store can take calls now (`/readyz`): the database
+    /// answers and its migrations are current. The reason when not.
+    pub async fn readiness(&self) -> Result<(), String> {
+        match self {
+            Opened::Sqlite(store) => store.readiness().await,
+            Opened::Postgres(store) => store.readiness().await,
+        }
+    }
+
+    pub fn pool_use(&self) -> PoolUse {
+        match self {
+            Opened::Sqlite(store) => store.pool_use(),
+            Opened::Postgres(store) => store.pool_use(),
+        }
+    }
+}
+
+/// A store's database connections: open, idle among them, and the most
+/// it may open.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolUse {
+    pub open: u32,
+    pub idle: u32,
+    pub max: u32,
+}
+
+impl PoolUse {
+    fn of<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> Self {
+        PoolUse {
+            open: pool.size(),
+            idle: pool.num_idle() as u32,
+            max: pool.options().get_max_connections(),
+        }
+    }
+}
+
+/// The newest migration a migrator carries.
+fn newest_migration(migrator: &sqlx::migrate::Migrator) -> i64 {
+    migrator.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+/// Says what is wrong when the database's newest applied migration is not
+/// the newest this build carries.
+fn migrations_current(applied: Option<i64>, needed: i64) -> Result<(), String> {
+    match applied {
+        Some(version) if version == needed => Ok(()),
+        Some(version) if version > needed => Err(format!(
+            "the database is at migration {version}, newer than this build's {needed}: run the newer harness"
+        )),
+        applied => Err(format!(
+            "the database is at migration {}, and this build needs {needed}: run `saga-harness migrate`",
+            applied.map_or("none".to_owned(), |v| v.to_string())
+        )),
     }
 }
 

@@ -136,15 +136,8 @@ impl PostgresStore {
                 .await
                 .map_err(|e| StoreError::Database(e.to_string()));
         }
-        let needed = migrator.iter().map(|m| m.version).max().unwrap_or(0);
-        let applied: Option<i64> = self
-            .simple_query("SELECT max(version) AS version FROM _sqlx_migrations WHERE success")
-            .await
-            .ok()
-            .and_then(|rows| {
-                rows.first()
-                    .and_then(|r| sqlx::Row::try_get(r, "version").ok())
-            });
+        let needed = super::newest_migration(&migrator);
+        let applied = self.applied_migration().await.ok().flatten();
         match applied {
             Some(version) if version >= needed => Ok(()),
             applied => Err(StoreError::Invalid(format!(
@@ -154,6 +147,33 @@ impl PostgresStore {
                 applied.map_or("none".to_owned(), |v| v.to_string())
             ))),
         }
+    }
+
+    /// The newest migration applied to the database; an unreachable
+    /// database is an error.
+    async fn applied_migration(&self) -> StoreResult<Option<i64>> {
+        let rows = self
+            .simple_query("SELECT max(version) AS version FROM _sqlx_migrations WHERE success")
+            .await?;
+        Ok(rows
+            .first()
+            .and_then(|r| sqlx::Row::try_get(r, "version").ok()))
+    }
+
+    /// Whether this store can take calls now: PostgreSQL answers and its
+    /// migrations are the ones this build needs.
+    pub async fn readiness(&self) -> Result<(), String> {
+        let needed = newest_migration_needed();
+        let applied = self
+            .applied_migration()
+            .await
+            .map_err(|e| format!("PostgreSQL does not answer: {e}"))?;
+        super::migrations_current(applied, needed)
+    }
+
+    /// Connections open and idle in the pool.
+    pub fn pool_use(&self) -> super::PoolUse {
+        super::PoolUse::of(&self.pool)
     }
 
     /// Clears the leases this instance's previous life left behind: under
@@ -674,3 +694,8 @@ saga_store_sql!(
     Backend::Postgres,
     for_update = " FOR UPDATE"
 );
+
+/// The newest migration this build carries for PostgreSQL.
+pub fn newest_migration_needed() -> i64 {
+    super::newest_migration(&sqlx::migrate!("./migrations/postgres"))
+}

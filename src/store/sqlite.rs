@@ -92,6 +92,31 @@ impl SqliteStore {
         self.group.counts()
     }
 
+    /// Whether this store can take calls now: the file answers and its
+    /// migrations are the ones this build needs.
+    pub async fn readiness(&self) -> Result<(), String> {
+        let needed = newest_migration_needed();
+        let applied: Option<i64> =
+            sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+                .fetch_one(&self.readers)
+                .await
+                .map_err(|e| format!("the SQLite file does not answer: {e}"))?;
+        super::migrations_current(applied, needed)
+    }
+
+    /// Connections open and idle, the writer's and the readers' together.
+    pub fn pool_use(&self) -> super::PoolUse {
+        let (writer, readers) = (
+            super::PoolUse::of(&self.writer),
+            super::PoolUse::of(&self.readers),
+        );
+        super::PoolUse {
+            open: writer.open + readers.open,
+            idle: writer.idle + readers.idle,
+            max: writer.max + readers.max,
+        }
+    }
+
     pub async fn close(&self) {
         self.readers.close().await;
         self.writer.close().await;
@@ -334,3 +359,8 @@ fn take_process_lock(db: &Path) -> StoreResult<File> {
 }
 
 saga_store_sql!(SqliteStore, Sqlite, Backend::Sqlite, for_update = "");
+
+/// The newest migration this build carries for SQLite.
+pub fn newest_migration_needed() -> i64 {
+    super::newest_migration(&sqlx::migrate!("./migrations/sqlite"))
+}

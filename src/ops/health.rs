@@ -1,0 +1,88 @@
+//! `/healthz` (the process answers) and `/readyz` (it can take calls: the
+//! database answers, its migrations are current, the tools file is
+//! loaded, and the server is not shutting down), plus the metrics
+//! listener's router.
+
+use super::metrics::{Metrics, Sources};
+use crate::server::AppState;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Set when shutdown begins: a load balancer reading `/readyz` stops
+/// sending calls while the ones in flight finish.
+#[derive(Clone, Default)]
+pub struct Draining(Arc<AtomicBool>);
+
+impl Draining {
+    pub fn start(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readiness))
+}
+
+async fn readiness(State(state): State<AppState>) -> Response {
+    let tools = state.registry.len();
+    let database = state.opened.readiness().await;
+    let draining = state.draining.is_draining();
+    let ready = database.is_ok() && !draining;
+    let body = json!({
+        "ready": ready,
+        "database": database.as_ref().map(|()| "ok").unwrap_or_else(|e| e.as_str()),
+        "tools": tools,
+        "shutting_down": draining,
+    });
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+/// The metrics listener: `GET /metrics` and nothing else.
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let metrics: &Metrics = &state.metrics;
+    let sources = Sources {
+        store: state.store.as_ref(),
+        pool: state.opened.pool_use(),
+    };
+    match metrics.render(sources).await {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(err) => {
+            tracing::error!(%err, "reading the figures for /metrics");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database does not answer",
+            )
+                .into_response()
+        }
+    }
+}

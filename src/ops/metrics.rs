@@ -1,0 +1,306 @@
+//! The operators' figures in the Prometheus text format. Counters and
+//! latencies are fed by the engine as it works (it is this module's
+//! [`Observer`]); what waits on people (approvals, corrections) and the
+//! database pool are read when Prometheus scrapes, so they are true across
+//! every instance sharing the database. Served on a listener of its own
+//! (`--metrics-bind`), never on the public address.
+
+use crate::saga::class::Audience;
+use crate::saga::model::{Actor, ApprovalKind};
+use crate::saga::observe::{Observer, Settlement, SystemRequest};
+use crate::saga::status::{CorrectionStatus, StepStatus};
+use crate::saga::store::{SagaStore, StoreError};
+use crate::store::PoolUse;
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+use std::time::Duration;
+
+/// Seconds, from a fast local system to a search index that lags.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    steps: IntCounterVec,
+    unknowns: IntCounterVec,
+    unknowns_settled: IntCounterVec,
+    reconcile: HistogramVec,
+    in_flight: IntGaugeVec,
+    system_latency: HistogramVec,
+    compensations: IntCounterVec,
+    unwinds: IntCounterVec,
+    approvals_expired: IntCounterVec,
+    approvals_waiting: IntGaugeVec,
+    approvals_oldest: GaugeVec,
+    corrections_pending: IntGaugeVec,
+    db_connections: IntGaugeVec,
+    db_connections_max: IntGauge,
+}
+
+/// What the figures read at scrape time come from.
+pub struct Sources<'a> {
+    pub store: &'a dyn SagaStore,
+    pub pool: PoolUse,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let family = IntCounterVec::new(Opts::new(name, help), labels)
+                .expect("a valid counter definition");
+            registry
+                .register(Box::new(family.clone()))
+                .expect("each metric registered once");
+            family
+        };
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            let family =
+                IntGaugeVec::new(Opts::new(name, help), labels).expect("a valid gauge definition");
+            registry
+                .register(Box::new(family.clone()))
+                .expect("each metric registered once");
+            family
+        };
+        let histogram = |name: &str, help: &str, labels: &[&str]| {
+            let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+            let family = HistogramVec::new(opts, labels).expect("a valid histogram definition");
+            registry
+                .register(Box::new(family.clone()))
+                .expect("each metric registered once");
+            family
+        };
+        let steps = counter(
+            "saga_steps_total",
+            "Steps moved to an outcome, by tool, class and outcome.",
+            &["tool", "class", "outcome"],
+        );
+        let unknowns = counter(
+            "saga_unknown_outcomes_total",
+            "Steps whose outcome became unknown (a timeout, a reset, a blank answer).",
+            &["tool"],
+        );
+        let unknowns_settled = counter(
+            "saga_unknowns_settled_total",
+            "Unknown or in-flight steps given their real outcome, by how: lookup, second_look or person.",
+            &["tool", "how"],
+        );
+        let reconcile = histogram(
+            "saga_reconcile_seconds",
+            "How long reconciling one step took, lookups and settle pause included.",
+            &["tool"],
+        );
+        let in_flight = gauge(
+            "saga_calls_in_flight",
+            "Calls sent to a system and not yet answered.",
+            &["system"],
+        );
+        let system_latency = histogram(
+            "saga_system_request_seconds",
+            "How long a system took to answer, by system and request (execute or lookup).",
+            &["system", "request"],
+        );
+        let compensations = counter(
+            "saga_compensations_total",
+            "Compensations and undos moved to an outcome, by tool and outcome.",
+            &["tool", "outcome"],
+        );
+        let unwinds = counter(
+            "saga_unwinds_total",
+            "Runs that started unwinding, by who asked: agent, person or system.",
+            &["by"],
+        );
+        let approvals_expired = counter(
+            "saga_approvals_expired_total",
+            "Approvals left pending past their deadline.",
+            &["kind"],
+        );
+        let approvals_waiting = gauge(
+            "saga_approvals_waiting",
+            "Approvals waiting for a person now, by kind (pivot or step).",
+            &["kind"],
+        );
+        let approvals_oldest = GaugeVec::new(
+            Opts::new(
+                "saga_approvals_oldest_wait_seconds",
+                "How long the oldest waiting approval of each kind has waited.",
+            ),
+            &["kind"],
+        )
+        .expect("a valid gauge definition");
+        registry
+            .register(Box::new(approvals_oldest.clone()))
+            .expect("each metric registered once");
+        let corrections_pending = gauge(
+            "saga_corrections_pending",
+            "Corrections waiting for a person's sign-off, by audience.",
+            &["audience"],
+        );
+        let db_connections = gauge(
+            "saga_db_connections",
+            "Database connections of this instance, by state (in_use or idle).",
+            &["state"],
+        );
+        let db_connections_max = IntGauge::new(
+            "saga_db_connections_max",
+            "The most database connections this instance may open.",
+        )
+        .expect("a valid gauge definition");
+        registry
+            .register(Box::new(db_connections_max.clone()))
+            .expect("each metric registered once");
+        Metrics {
+            registry,
+            steps,
+            unknowns,
+            unknowns_settled,
+            reconcile,
+            in_flight,
+            system_latency,
+            compensations,
+            unwinds,
+            approvals_expired,
+            approvals_waiting,
+            approvals_oldest,
+            corrections_pending,
+            db_connections,
+            db_connections_max,
+        }
+    }
+
+    /// Every figure, the ones read from the database brought up to date
+    /// first, in the Prometheus text format (version 0.0.4).
+    pub async fn render(&self, sources: Sources<'_>) -> Result<String, StoreError> {
+        self.read_waiting_work(sources.store).await?;
+        let pool = sources.pool;
+        self.db_connections
+            .with_label_values(&["in_use"])
+            .set(i64::from(pool.open.saturating_sub(pool.idle)));
+        self.db_connections
+            .with_label_values(&["idle"])
+            .set(i64::from(pool.idle));
+        self.db_connections_max.set(i64::from(pool.max));
+        let mut text = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut text)
+            .map_err(|e| StoreError::Database(format!("encoding the metrics: {e}")))?;
+        Ok(String::from_utf8_lossy(&text).into_owned())
+    }
+
+    /// Approvals and corrections waiting for people, as the database has
+    /// them now (every instance's, not only this one's).
+    async fn read_waiting_work(&self, store: &dyn SagaStore) -> Result<(), StoreError> {
+        let now = chrono::Utc::now();
+        let approvals = store.pending_approvals().await?;
+        for kind in [ApprovalKind::Pivot, ApprovalKind::Step] {
+            let waiting: Vec<_> = approvals.iter().filter(|a| a.kind == kind).collect();
+            let label = kind_label(kind);
+            self.approvals_waiting
+                .with_label_values(&[label])
+                .set(waiting.len() as i64);
+            let oldest = waiting
+                .iter()
+                .map(|a| (now - a.created_at).num_milliseconds().max(0) as f64 / 1000.0)
+                .fold(0.0, f64::max);
+            self.approvals_oldest
+                .with_label_values(&[label])
+                .set(oldest);
+        }
+        let queue = store.correction_queue().await?;
+        for audience in [
+            Audience::Public,
+            Audience::Customer,
+            Audience::Partner,
+            Audience::Finance,
+            Audience::Internal,
+        ] {
+            let pending = queue
+                .iter()
+                .filter(|c| c.audience == audience && c.status == CorrectionStatus::Pending)
+                .count();
+            self.corrections_pending
+                .with_label_values(&[audience.as_str()])
+                .set(pending as i64);
+        }
+        Ok(())
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+fn kind_label(kind: ApprovalKind) -> &'static str {
+    match kind {
+        ApprovalKind::Pivot => "pivot",
+        ApprovalKind::Step => "step",
+    }
+}
+
+impl Observer for Metrics {
+    fn step_moved(&self, tool: &str, class: &str, _from: StepStatus, to: StepStatus) {
+        if to == StepStatus::Intended {
+            return;
+        }
+        let outcome = to.as_str().to_ascii_lowercase();
+        self.steps.with_label_values(&[tool, class, &outcome]).inc();
+        if to == StepStatus::Unknown {
+            self.unknowns.with_label_values(&[tool]).inc();
+        }
+    }
+
+    fn compensation_moved(&self, tool: &str, to: StepStatus) {
+        if to == StepStatus::Intended {
+            return;
+        }
+        let outcome = to.as_str().to_ascii_lowercase();
+        self.compensations
+            .with_label_values(&[tool, &outcome])
+            .inc();
+    }
+
+    fn unknown_settled(&self, tool: &str, how: Settlement) {
+        self.unknowns_settled
+            .with_label_values(&[tool, how.as_str()])
+            .inc();
+    }
+
+    fn reconciled(&self, tool: &str, took: Duration) {
+        self.reconcile
+            .with_label_values(&[tool])
+            .observe(took.as_secs_f64());
+    }
+
+    fn request_started(&self, system: &str) {
+        self.in_flight.with_label_values(&[system]).inc();
+    }
+
+    fn request_ended(&self, system: &str, request: SystemRequest, took: Duration) {
+        if request == SystemRequest::Execute {
+            self.in_flight.with_label_values(&[system]).dec();
+        }
+        self.system_latency
+            .with_label_values(&[system, request.as_str()])
+            .observe(took.as_secs_f64());
+    }
+
+    fn approval_expired(&self, kind: ApprovalKind) {
+        self.approvals_expired
+            .with_label_values(&[kind_label(kind)])
+            .inc();
+    }
+
+    fn unwind_started(&self, by: &Actor) {
+        let by = match by {
+            Actor::Agent(_) => "agent",
+            Actor::User(_) => "person",
+            Actor::System => "system",
+        };
+        self.unwinds.with_label_values(&[by]).inc();
+    }
+}

@@ -1,0 +1,8 @@
+//! What the people who run the harness use to see it work: metrics on
+//! their own listener, health and readiness checks, the log's format, and
+//! `saga-harness doctor`.
+
+pub mod doctor;
+pub mod health;
+pub mod logging;
+pub mod metrics;

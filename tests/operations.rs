@@ -1,0 +1,741 @@
+//! What the people who run the harness see: each metric moved by the event
+//! it counts, read from `/metrics` on its own listener (and accepted by
+//! Prometheus's own checker); readiness; a trace from the API request to
+//! the system request; shutdown that lets calls in flight finish and leaves
+//! the rest to resume; `doctor` saying which systems are down.
+
+mod common;
+
+use common::process::{free_port, provision, tools_file, Harness, Launch};
+use common::world::{Fault, World, TOOLS};
+use saga_harness::config::{DatabaseArgs, ServeArgs};
+use saga_harness::connectors::ConnectorSet;
+use saga_harness::saga::engine::Engine;
+use saga_harness::saga::model::{Actor, ApprovalKind, NewApproval, NewRun};
+use saga_harness::saga::store::SagaStore;
+use saga_harness::server::Application;
+use saga_harness::sim::bundle::{Simulators, CREDENTIALS};
+use saga_harness::sim::{Fault as SimFault, FaultRule};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+const AGENT: &str = "support-bot";
+
+const WORLD_OPERATIONS: &[&str] = &[
+    "crm.lookup",
+    "tickets.create",
+    "tickets.close",
+    "payments.authorize",
+    "payments.cancel",
+    "payments.charge",
+    "payments.refund",
+    "mail.send",
+    "warehouse.reship",
+    "warehouse.cancel",
+];
+
+/// A harness in this process over the model world, with its metrics
+/// listener on a port of its own.
+struct Ops {
+    base: String,
+    metrics: String,
+    engine: Arc<Engine>,
+    store: Arc<dyn SagaStore>,
+    world: Arc<World>,
+    http: reqwest::Client,
+    _db: common::TestDb,
+    _tools: tempfile::TempDir,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start(db: common::TestDb) -> Ops {
+    let tools = tempfile::tempdir().unwrap();
+    let path = tools.path().join("tools.toml");
+    std::fs::write(&path, TOOLS).unwrap();
+    let world = Arc::new(World::new());
+    let connectors = ConnectorSet::new().serve(WORLD_OPERATIONS, world.clone());
+    let args = ServeArgs {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        database: DatabaseArgs {
+            database_url: db.url.clone(),
+            store: db.settings(),
+        },
+        tools: Some(path),
+        secure_cookies: false,
+        limits: Default::default(),
+        operations: saga_harness::config::Operations {
+            metrics_bind: Some("127.0.0.1:0".parse().unwrap()),
+            ..Default::default()
+        },
+    };
+    let app = Application::build_with(args, connectors).await.unwrap();
+    let base = format!("http://{}", app.local_addr());
+    let metrics = format!("http://{}/metrics", app.metrics_addr().unwrap());
+    let (engine, store) = (app.state().engine.clone(), app.state().store.clone());
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    tokio::spawn(app.serve(async {
+        let _ = stopped.await;
+    }));
+    Ops {
+        base,
+        metrics,
+        engine,
+        store,
+        world,
+        http: reqwest::Client::new(),
+        _db: db,
+        _tools: tools,
+        _stop: stop,
+    }
+}
+
+impl Ops {
+    async fn scrape(&self) -> Scrape {
+        let response = self.http.get(&self.metrics).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4"));
+        Scrape(response.text().await.unwrap())
+    }
+
+    async fn run(&self) -> Uuid {
+        self.store
+            .create_run(NewRun {
+                agent: AGENT.into(),
+                label: None,
+                purpose: "refund a double charge".into(),
+            })
+            .await
+            .unwrap()
+            .0
+            .id
+    }
+
+    async fn call(&self, run: Uuid, tool: &str, args: Value, step: i64) -> String {
+        let answer = self
+            .engine
+            .call(AGENT, run, tool, args, Some(step))
+            .await
+            .unwrap();
+        answer.outcome.as_str().to_owned()
+    }
+}
+
+/// One scrape's text.
+struct Scrape(String);
+
+impl Scrape {
+    /// The value of the sample with this name whose labels include every
+    /// `name="value"` pair given; 0 when there is none.
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.0
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter_map(|line| {
+                let (series, value) = line.rsplit_once(' ')?;
+                let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+                let fits = metric == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
+                fits.then(|| value.parse::<f64>().ok()).flatten()
+            })
+            .sum()
+    }
+}
+
+#[tokio::test]
+async fn metrics_are_served_on_their_own_address_only_and_prometheus_accepts_them() {
+    let ops = start(common::sqlite()).await;
+    let run = ops.run().await;
+    assert_eq!(
+        ops.call(run, "create_ticket", json!({"subject": "double charge"}), 0)
+            .await,
+        "confirmed"
+    );
+    let scrape = ops.scrape().await;
+    // The public address does not serve them: it sends a stranger to sign in.
+    let public = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(format!("{}/metrics", ops.base))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(public.status(), 200);
+    // Prometheus's own checker reads the text as Prometheus would.
+    let promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = match promtool {
+        Ok(child) => child,
+        Err(err) if std::env::var_os("CI").is_none() => {
+            eprintln!("promtool not installed ({err}); scripts/setup.sh installs it. Not checked.");
+            return;
+        }
+        Err(err) => panic!("promtool is needed under CI: {err}"),
+    };
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.0.as_bytes())
+        .unwrap();
+    let checked = child.wait_with_output().unwrap();
+    assert!(
+        checked.status.success(),
+        "promtool: {}{}\n{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr),
+        scrape.0
+    );
+}
+
+#[tokio::test]
+async fn each_step_outcome_and_each_way_an_unknown_is_settled_moves_its_metric() {
+    let ops = start(common::sqlite()).await;
+    let run = ops.run().await;
+    let ticket = |n: i64| json!({"subject": format!("double charge {n}")});
+    assert_eq!(
+        ops.call(run, "create_ticket", ticket(0), 0).await,
+        "confirmed"
+    );
+    let scrape = ops.scrape().await;
+    let confirmed = [
+        ("tool", "create_ticket"),
+        ("class", "compensatable"),
+        ("outcome", "confirmed"),
+    ];
+    assert_eq!(scrape.value("saga_steps_total", &confirmed), 1.0);
+    assert_eq!(
+        scrape.value(
+            "saga_system_request_seconds_count",
+            &[("system", "tickets"), ("request", "execute")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        scrape.value("saga_calls_in_flight", &[("system", "tickets")]),
+        0.0
+    );
+
+    // A 504 after the effect: unknown; the re-sent step finds it at once.
+    ops.world.fail_next("tickets.create", Fault::EffectThen504);
+    assert_eq!(
+        ops.call(run, "create_ticket", ticket(1), 1).await,
+        "unknown"
+    );
+    let scrape = ops.scrape().await;
+    assert_eq!(
+        scrape.value("saga_unknown_outcomes_total", &[("tool", "create_ticket")]),
+        1.0
+    );
+    assert_eq!(
+        ops.call(run, "create_ticket", ticket(1), 1).await,
+        "confirmed"
+    );
+    // The search lags once: found on the second look.
+    ops.world.fail_next("tickets.create", Fault::EffectThen504);
+    assert_eq!(
+        ops.call(run, "create_ticket", ticket(2), 2).await,
+        "unknown"
+    );
+    ops.world.lag_lookups("tickets.create", 1);
+    assert_eq!(
+        ops.call(run, "create_ticket", ticket(2), 2).await,
+        "confirmed"
+    );
+    let scrape = ops.scrape().await;
+    let settled = |how| {
+        scrape.value(
+            "saga_unknowns_settled_total",
+            &[("tool", "create_ticket"), ("how", how)],
+        )
+    };
+    assert_eq!((settled("lookup"), settled("second_look")), (1.0, 1.0));
+    assert_eq!(
+        scrape.value("saga_reconcile_seconds_count", &[("tool", "create_ticket")]),
+        2.0
+    );
+    assert_eq!(scrape.value("saga_steps_total", &confirmed), 3.0);
+    assert_eq!(
+        scrape.value(
+            "saga_system_request_seconds_count",
+            &[("system", "tickets"), ("request", "lookup")]
+        ),
+        3.0
+    );
+
+    // An email before the pivot waits for its own approval; sent, it is
+    // lost at the gateway, and mail has no lookup: a person answers.
+    let email = json!({"to": "ada@example.com", "subject": "your refund", "body": "done"});
+    assert_eq!(
+        ops.call(run, "email_customer", email, 3).await,
+        "awaiting_approval"
+    );
+    let scrape = ops.scrape().await;
+    assert_eq!(
+        scrape.value("saga_approvals_waiting", &[("kind", "step")]),
+        1.0
+    );
+    assert!(scrape.value("saga_approvals_oldest_wait_seconds", &[("kind", "step")]) >= 0.0);
+    let held = ops.store.pending_approvals().await.unwrap().remove(0);
+    ops.world.fail_next("mail.send", Fault::EffectThen504);
+    let lead = Actor::User("lead".into());
+    let sent = ops
+        .engine
+        .decide_step(held.id, &held.digest, true, &lead)
+        .await
+        .unwrap();
+    assert_eq!(sent.status.as_str(), "UNKNOWN");
+    ops.engine
+        .answer(run, 3, true, None, sent.updated_at, &lead)
+        .await
+        .unwrap();
+    let scrape = ops.scrape().await;
+    assert_eq!(
+        scrape.value("saga_approvals_waiting", &[("kind", "step")]),
+        0.0
+    );
+    assert_eq!(
+        scrape.value(
+            "saga_unknowns_settled_total",
+            &[("tool", "email_customer"), ("how", "person")]
+        ),
+        1.0
+    );
+    assert!(scrape.value("saga_db_connections_max", &[]) >= 1.0);
+}
+
+#[tokio::test]
+async fn unwinds_compensations_corrections_and_expired_approvals_move_their_metrics() {
+    let ops = start(common::sqlite()).await;
+    // A charge with a receipt: its customer saw it. Unwound by the agent,
+    // it is refunded and a correction waits for the customer's audience.
+    let run = ops.run().await;
+    let charge = json!({"amount": 900, "receipt": true, "email": "ada@example.com"});
+    assert_eq!(ops.call(run, "charge_card", charge, 0).await, "confirmed");
+    ops.engine
+        .unwind(run, &Actor::Agent(AGENT.into()), "wrong customer")
+        .await
+        .unwrap();
+    let scrape = ops.scrape().await;
+    assert_eq!(scrape.value("saga_unwinds_total", &[("by", "agent")]), 1.0);
+    assert_eq!(
+        scrape.value(
+            "saga_compensations_total",
+            &[("tool", "refund"), ("outcome", "confirmed")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        scrape.value("saga_corrections_pending", &[("audience", "customer")]),
+        1.0
+    );
+
+    // A pivot left pending past its deadline expires: its own outcome.
+    let run = ops.run().await;
+    assert_eq!(
+        ops.call(run, "authorize_card", json!({"amount": 300}), 0)
+            .await,
+        "confirmed"
+    );
+    let plan = vec![saga_harness::saga::pivot::PlannedCall {
+        tool: "charge_card".into(),
+        args: json!({"amount": 300}),
+    }];
+    let pivot = ops
+        .engine
+        .propose_pivot(AGENT, run, "capture", plan)
+        .await
+        .unwrap();
+    let scrape = ops.scrape().await;
+    assert_eq!(
+        scrape.value("saga_approvals_waiting", &[("kind", "pivot")]),
+        1.0
+    );
+    ops.store
+        .request_approval(
+            NewApproval {
+                run_id: run,
+                kind: ApprovalKind::Pivot,
+                step_idx: None,
+                summary: pivot.summary.clone(),
+                plan: pivot.plan.clone(),
+                digest: pivot.digest.clone(),
+                expires_at: Some(chrono::Utc::now() - chrono::Duration::days(1)),
+            },
+            None,
+            &Actor::Agent(AGENT.into()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ops.engine.expire_pivots().await.unwrap(), 1);
+    let scrape = ops.scrape().await;
+    assert_eq!(
+        scrape.value("saga_approvals_expired_total", &[("kind", "pivot")]),
+        1.0
+    );
+    assert_eq!(
+        scrape.value("saga_approvals_waiting", &[("kind", "pivot")]),
+        0.0
+    );
+    assert_eq!(scrape.value("saga_unwinds_total", &[("by", "system")]), 1.0);
+}
+
+#[tokio::test]
+async fn readiness_says_the_database_answers_and_is_current() {
+    let ops = start(common::sqlite()).await;
+    let ready = ops
+        .http
+        .get(format!("{}/readyz", ops.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    let body: Value = ready.json().await.unwrap();
+    assert_eq!(body["database"], "ok", "{body}");
+    assert_eq!(body["ready"], true, "{body}");
+    assert!(body["tools"].as_u64().unwrap() > 0, "{body}");
+}
+
+#[tokio::test]
+async fn postgres_readiness_says_the_database_answers_and_is_current() {
+    let Some(db) = common::postgres().await else {
+        return;
+    };
+    let ops = start(db).await;
+    let body: Value = ops
+        .http
+        .get(format!("{}/readyz", ops.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (body["ready"].clone(), body["database"].clone()),
+        (json!(true), json!("ok"))
+    );
+}
+
+/// The simulators, the shipped tools file pointed at them, a SQLite file
+/// with an agent token, and a harness process started with `extra` flags.
+struct Live {
+    sims: Simulators,
+    dir: tempfile::TempDir,
+    url: String,
+    token: String,
+    launch: Launch,
+}
+
+async fn live(env: &[(&str, &str)]) -> Live {
+    let sims = Simulators::start([127, 0, 0, 1].into(), 0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = tools_file(&sims, dir.path(), 0);
+    let url = format!("sqlite://{}", dir.path().join("saga.db").display());
+    let token = provision(&url, AGENT, &[]).await;
+    let mut launch = Launch::new(&url, Some(&tools));
+    for (name, value) in env {
+        launch = launch.env(name, value);
+    }
+    Live {
+        sims,
+        dir,
+        url,
+        token,
+        launch,
+    }
+}
+
+impl Live {
+    /// The warehouse makes the next shipment at once and answers `ms` later.
+    fn slow_warehouse(&self, ms: u64) {
+        self.sims.warehouse.state.faults.inject(FaultRule::new(
+            "POST",
+            "/v1/shipments",
+            SimFault::Delay { ms },
+        ));
+    }
+
+    fn shipments(&self) -> usize {
+        self.sims.warehouse.ledger().of("shipment.created").len()
+    }
+}
+
+async fn new_run(http: &reqwest::Client, base: &str, token: &str) -> String {
+    let created: Value = http
+        .post(format!("{base}/api/v1/runs"))
+        .bearer_auth(token)
+        .json(&json!({"purpose": "reship a lamp"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    created["run"]["id"].as_str().unwrap().to_owned()
+}
+
+fn reship_call(base: &str, run: &str, token: &str) -> reqwest::RequestBuilder {
+    reqwest::Client::new()
+        .post(format!("{base}/api/v1/runs/{run}/calls"))
+        .bearer_auth(token)
+        .json(&json!({"tool": "reship", "step": 0,
+            "args": {"order_id": "ord_1002", "items": ["LAMP-7"], "email": "grace@example.com"}}))
+}
+
+#[tokio::test]
+async fn a_calls_trace_runs_from_the_api_request_through_the_step_to_the_system_request() {
+    let live = live(&[("SAGA_LOG_FORMAT", "json")]).await;
+    let harness = Harness::start(
+        &live
+            .launch
+            .clone()
+            .rust_log(saga_harness::ops::logging::DEFAULT_FILTER),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let run = new_run(&http, &harness.base, &live.token).await;
+    let answer: Value = reship_call(&harness.base, &run, &live.token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["outcome"], "confirmed", "{answer}");
+    let key = answer["key"].as_str().unwrap();
+    // The warehouse's answer, logged inside its three spans.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let found = harness.log_text().lines().find_map(|line| {
+            let line: Value = serde_json::from_str(line).ok()?;
+            // The event's own span is `span`; `spans` are its ancestors.
+            let names: Vec<&str> = line["spans"]
+                .as_array()?
+                .iter()
+                .chain([&line["span"]])
+                .filter_map(|s| s["name"].as_str())
+                .collect();
+            (names == ["request", "saga.step", "system.request"]).then_some(line)
+        });
+        if let Some(line) = found {
+            break line;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no such line:\n{}",
+            harness.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let spans = line["spans"].as_array().unwrap();
+    let spans = [&spans[0], &spans[1], &line["span"]];
+    assert_eq!(spans[0]["method"], "POST", "{line}");
+    assert_eq!(spans[0]["route"], "/api/v1/runs/{run}/calls", "{line}");
+    assert_eq!(spans[1]["run_id"], run.as_str(), "{line}");
+    assert_eq!(spans[1]["tool"], "reship", "{line}");
+    assert_eq!(spans[1]["step"], 0, "{line}");
+    assert_eq!(spans[1]["key"], key, "{line}");
+    assert_eq!(spans[2]["system"], "warehouse", "{line}");
+    assert_eq!(spans[2]["http.status"], 201, "{line}");
+}
+
+#[tokio::test]
+async fn shutdown_takes_no_new_calls_and_lets_the_one_in_flight_finish() {
+    let metrics_port = free_port();
+    let bind = format!("127.0.0.1:{metrics_port}");
+    let live = live(&[("SAGA_METRICS_BIND", &bind)]).await;
+    let mut harness = Harness::start(&live.launch).await;
+    let http = reqwest::Client::new();
+    let run = new_run(&http, &harness.base, &live.token).await;
+    live.slow_warehouse(1_500);
+    let call = tokio::spawn(reship_call(&harness.base, &run, &live.token).send());
+    // In flight: the metric says so.
+    let metrics = format!("http://{bind}/metrics");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = http
+            .get(&metrics)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if Scrape(text).value("saga_calls_in_flight", &[("system", "warehouse")]) == 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the call never showed in flight");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sigterm = std::process::Command::new("kill")
+        .args(["-TERM", &harness.pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sigterm.success());
+    // No new connection is taken once shutdown has begun.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let fresh = reqwest::Client::new()
+            .get(format!("{}/healthz", harness.base))
+            .send()
+            .await;
+        if fresh.is_err() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still taking new connections");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let answer: Value = call.await.unwrap().unwrap().json().await.unwrap();
+    assert_eq!(answer["outcome"], "confirmed", "{answer}");
+    let status = harness.wait_for_exit(Duration::from_secs(15)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert_eq!(live.shipments(), 1);
+}
+
+#[tokio::test]
+async fn a_call_cut_off_by_the_shutdown_deadline_is_settled_from_the_log_at_the_next_start() {
+    let live = live(&[("SAGA_SHUTDOWN_GRACE_SECS", "1")]).await;
+    let mut harness = Harness::start(&live.launch).await;
+    let http = reqwest::Client::new();
+    let run = new_run(&http, &harness.base, &live.token).await;
+    live.slow_warehouse(6_000);
+    let call = tokio::spawn(reship_call(&harness.base, &run, &live.token).send());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while live.shipments() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the call never reached the warehouse"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = Instant::now();
+    std::process::Command::new("kill")
+        .args(["-TERM", &harness.pid.to_string()])
+        .status()
+        .unwrap();
+    let status = harness.wait_for_exit(Duration::from_secs(15)).await;
+    assert!(status.is_some(), "the harness did not stop");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "shutdown waited {:?}, past its 1 s grace",
+        started.elapsed()
+    );
+    // The client was cut off without an answer.
+    assert!(call.await.unwrap().is_err());
+    // The next start reads the log: the step was in flight, so it is
+    // looked up, found, and never sent again.
+    let harness = Harness::start(&live.launch).await;
+    let view: Value = http
+        .get(format!("{}/api/v1/runs/{run}", harness.base))
+        .bearer_auth(&live.token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["steps"][0]["status"], "CONFIRMED", "{view}");
+    assert_eq!(live.shipments(), 1);
+    drop(live.dir);
+    let _ = live.url;
+}
+
+/// Runs `saga-harness doctor` on `tools` with the simulators' credentials
+/// (minus those named in `unset`); its exit status and what it printed.
+/// The simulators run on the test's runtime, so the wait must not block it.
+async fn doctor(tools: &std::path::Path, url: &str, unset: &[&str]) -> (bool, String) {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_saga-harness"));
+    command
+        .args(["doctor", "--tools"])
+        .arg(tools)
+        .args(["--database-url", url]);
+    for (name, value) in CREDENTIALS {
+        if !unset.contains(name) {
+            command.env(name, value);
+        } else {
+            command.env_remove(name);
+        }
+    }
+    let output = command.output().await.unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+#[tokio::test]
+async fn doctor_says_which_systems_are_down_and_which_credentials_are_missing() {
+    let sims = Simulators::start([127, 0, 0, 1].into(), 0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = tools_file(&sims, dir.path(), 0);
+    let url = format!("sqlite://{}", dir.path().join("saga.db").display());
+    provision(&url, AGENT, &[]).await;
+
+    let (healthy, text) = doctor(&tools, &url, &[]).await;
+    assert!(healthy, "{text}");
+    assert!(text.contains("stripe: reachable"), "{text}");
+    assert!(text.contains("its lookup answers"), "{text}");
+    assert!(text.contains("smtp: reachable"), "{text}");
+    assert!(text.contains("migrations current"), "{text}");
+    assert!(text.contains("nothing to fix"), "{text}");
+
+    // Jira and the warehouse go away; Stripe's key is not set.
+    let mut file: toml::Table = toml::from_str(&std::fs::read_to_string(&tools).unwrap()).unwrap();
+    let connectors = file["connectors"].as_table_mut().unwrap();
+    let dead = |port: u16| toml::Value::String(format!("http://127.0.0.1:{port}"));
+    connectors["jira"].as_table_mut().unwrap()["base_url"] = dead(free_port());
+    connectors["http"].as_table_mut().unwrap()["warehouse"]
+        .as_table_mut()
+        .unwrap()["base_url"] = dead(free_port());
+    std::fs::write(&tools, toml::to_string(&file).unwrap()).unwrap();
+    let (healthy, text) = doctor(&tools, &url, &["STRIPE_SECRET_KEY"]).await;
+    assert!(!healthy, "{text}");
+    let fixes: Vec<&str> = text.lines().filter(|l| l.contains("FIX")).collect();
+    assert!(fixes.iter().any(|l| l.contains("jira: down")), "{text}");
+    assert!(
+        fixes.iter().any(|l| l.contains("warehouse: down")),
+        "{text}"
+    );
+    assert!(
+        fixes
+            .iter()
+            .any(|l| l.contains("STRIPE_SECRET_KEY is not set")),
+        "{text}"
+    );
+    assert!(
+        !fixes.iter().any(|l| l.contains("zendesk")),
+        "zendesk is up: {text}"
+    );
+    assert!(text.contains("3 things to fix"), "{text}");
+}
+
+#[tokio::test]
+async fn postgres_doctor_reads_the_durability_settings() {
+    let Some(db) = common::postgres().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let tools = dir.path().join("tools.toml");
+    std::fs::write(&tools, TOOLS).unwrap();
+    // Opening the store migrates it, as a first start would.
+    drop(saga_harness::store::open(&db.url).await.unwrap());
+    let (_, text) = doctor(&tools, &db.url, &[]).await;
+    assert!(text.contains("fsync = on"), "{text}");
+    assert!(text.contains("synchronous_commit = on"), "{text}");
+    assert!(text.contains("migrations current"), "{text}");
+}
