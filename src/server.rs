@@ -262,6 +262,7 @@ impl Application {
                 }
             })
         });
+        let recorder = tokio::spawn(record_each_minute(self.state.clone()));
         let draining = self.state.draining.clone();
         let shutdown = async move {
             shutdown.await;
@@ -272,6 +273,7 @@ impl Application {
             .await
             .map_err(ServerError::Serve);
         sweeper.abort();
+        recorder.abort();
         if let Some(metrics_server) = metrics_server {
             metrics_server.abort();
         }
@@ -281,6 +283,20 @@ impl Application {
     /// Serves until Ctrl-C or SIGTERM.
     pub async fn serve_until_signal(self) -> anyhow::Result<()> {
         Ok(self.serve(shutdown_signal()).await?)
+    }
+}
+
+/// A reading of every figure a minute, from the start, for the operators'
+/// page's last hour.
+async fn record_each_minute(state: AppState) {
+    let mut minute = tokio::time::interval(std::time::Duration::from_secs(60));
+    minute.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        minute.tick().await;
+        let sources = crate::ops::metrics::Sources::of(&state);
+        if let Err(err) = state.metrics.record_minute(sources).await {
+            tracing::warn!(%err, "reading the figures for the operators' page");
+        }
     }
 }
 

@@ -2,11 +2,12 @@
 //! it counts, read from `/metrics` on its own listener (and accepted by
 //! Prometheus's own checker); readiness; a trace from the API request to
 //! the system request; shutdown that lets calls in flight finish and leaves
-//! the rest to resume; `doctor` saying which systems are down.
+//! the rest to resume; `doctor` saying which systems are down; the
+//! operators' page, for admins only.
 
 mod common;
 
-use common::process::{free_port, provision, tools_file, Harness, Launch};
+use common::process::{free_port, provision, tools_file, Dashboard, Harness, Launch, PASSWORD};
 use common::world::{Fault, World, TOOLS};
 use saga_harness::config::{DatabaseArgs, ServeArgs};
 use saga_harness::connectors::ConnectorSet;
@@ -390,6 +391,47 @@ async fn unwinds_compensations_corrections_and_expired_approvals_move_their_metr
         0.0
     );
     assert_eq!(scrape.value("saga_unwinds_total", &[("by", "system")]), 1.0);
+}
+
+#[tokio::test]
+async fn the_operators_page_draws_the_hours_figures_for_admins_only() {
+    let db = common::sqlite();
+    provision(&db.url, AGENT, &[("ada", "admin"), ("vic", "viewer")]).await;
+    let ops = start(db).await;
+    let run = ops.run().await;
+    for step in 0..2 {
+        let ticket = json!({"subject": format!("double charge {step}")});
+        assert_eq!(
+            ops.call(run, "create_ticket", ticket, step).await,
+            "confirmed"
+        );
+    }
+
+    let admin = Dashboard::new();
+    admin.sign_in(&ops.base, "ada", PASSWORD).await;
+    let page = admin.page(&ops.base, "/operations").await;
+    assert!(page.contains("<h1>Operations</h1>"), "{page}");
+    assert!(page.contains("Steps per minute"), "{page}");
+    assert!(page.contains("2 steps in the hour shown"), "{page}");
+    assert!(page.contains("tickets: answer time (mean, s)"), "{page}");
+    assert!(page.contains("Database connections in use"), "{page}");
+    assert!(page.contains("<svg"), "{page}");
+    assert!(
+        page.contains(r#"href="/operations""#),
+        "an admin's bar links the page"
+    );
+
+    let viewer = Dashboard::new();
+    viewer.sign_in(&ops.base, "vic", PASSWORD).await;
+    let page = viewer.page(&ops.base, "/operations").await;
+    assert!(page.contains("vic is a viewer"), "{page}");
+    assert!(page.contains("page is for admins"), "{page}");
+    assert!(!page.contains("Steps per minute"), "{page}");
+    let runs = viewer.page(&ops.base, "/").await;
+    assert!(
+        !runs.contains(r#"href="/operations""#),
+        "a viewer's bar has no link"
+    );
 }
 
 #[tokio::test]

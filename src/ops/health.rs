@@ -63,11 +63,7 @@ pub fn metrics_router(state: AppState) -> Router {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     let metrics: &Metrics = &state.metrics;
-    let sources = Sources {
-        store: state.store.as_ref(),
-        pool: state.opened.pool_use(),
-    };
-    match metrics.render(sources).await {
+    match metrics.render(Sources::of(&state)).await {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,

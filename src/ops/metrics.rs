@@ -5,6 +5,7 @@
 //! every instance sharing the database. Served on a listener of its own
 //! (`--metrics-bind`), never on the public address.
 
+use crate::ops::history::{History, Reading};
 use crate::saga::class::Audience;
 use crate::saga::model::{Actor, ApprovalKind};
 use crate::saga::observe::{Observer, Settlement, SystemRequest};
@@ -38,12 +39,23 @@ pub struct Metrics {
     corrections_pending: IntGaugeVec,
     db_connections: IntGaugeVec,
     db_connections_max: IntGauge,
+    history: History,
 }
 
 /// What the figures read at scrape time come from.
 pub struct Sources<'a> {
     pub store: &'a dyn SagaStore,
     pub pool: PoolUse,
+}
+
+impl<'a> Sources<'a> {
+    /// The server's own database and pool.
+    pub fn of(state: &'a crate::server::AppState) -> Sources<'a> {
+        Sources {
+            store: state.store.as_ref(),
+            pool: state.opened.pool_use(),
+        }
+    }
 }
 
 impl Metrics {
@@ -168,12 +180,41 @@ impl Metrics {
             corrections_pending,
             db_connections,
             db_connections_max,
+            history: History::default(),
         }
     }
 
     /// Every figure, the ones read from the database brought up to date
     /// first, in the Prometheus text format (version 0.0.4).
     pub async fn render(&self, sources: Sources<'_>) -> Result<String, StoreError> {
+        self.refresh(sources).await?;
+        let mut text = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut text)
+            .map_err(|e| StoreError::Database(format!("encoding the metrics: {e}")))?;
+        Ok(String::from_utf8_lossy(&text).into_owned())
+    }
+
+    /// Every figure as it stands now, for the operators' page.
+    pub async fn reading(&self, sources: Sources<'_>) -> Result<Reading, StoreError> {
+        self.refresh(sources).await?;
+        Ok(Reading::of(&self.registry.gather()))
+    }
+
+    /// Takes this minute's reading into the last hour's.
+    pub async fn record_minute(&self, sources: Sources<'_>) -> Result<(), StoreError> {
+        let reading = self.reading(sources).await?;
+        self.history.record(reading);
+        Ok(())
+    }
+
+    /// The readings of the last hour, oldest first.
+    pub fn last_hour(&self) -> Vec<Reading> {
+        self.history.readings()
+    }
+
+    /// Brings the figures read from the database and the pool up to date.
+    async fn refresh(&self, sources: Sources<'_>) -> Result<(), StoreError> {
         self.read_waiting_work(sources.store).await?;
         let pool = sources.pool;
         self.db_connections
@@ -183,11 +224,7 @@ impl Metrics {
             .with_label_values(&["idle"])
             .set(i64::from(pool.idle));
         self.db_connections_max.set(i64::from(pool.max));
-        let mut text = Vec::new();
-        TextEncoder::new()
-            .encode(&self.registry.gather(), &mut text)
-            .map_err(|e| StoreError::Database(format!("encoding the metrics: {e}")))?;
-        Ok(String::from_utf8_lossy(&text).into_owned())
+        Ok(())
     }
 
     /// Approvals and corrections waiting for people, as the database has

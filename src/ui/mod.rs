@@ -1,6 +1,7 @@
 //! The dashboard for support leads: sign-in, the runs list, a run's page
-//! (pivot panel, timeline, questions, unwind review), the corrections inbox
-//! and the audit trail. Pages render on the server with their data
+//! (pivot panel, timeline, questions, unwind review), the corrections inbox,
+//! the audit trail and, for admins, the operators' figures. Pages render on
+//! the server with their data
 //! (`SsrMode::Async`), so they work before (and without) the wasm; every
 //! action is a plain form (`ActionForm`) that also works without JS. Server
 //! functions check the session and the role themselves, since they are
@@ -9,6 +10,7 @@
 
 pub mod audit;
 pub mod inbox;
+pub mod operations;
 pub mod run;
 pub mod runs;
 pub mod timeline;
@@ -68,6 +70,7 @@ pub fn App() -> impl IntoView {
                 <Route path=path!("/runs/:id") view=run::RunPage ssr=SsrMode::Async/>
                 <Route path=path!("/corrections") view=inbox::InboxPage ssr=SsrMode::Async/>
                 <Route path=path!("/audit") view=audit::AuditPage ssr=SsrMode::Async/>
+                <Route path=path!("/operations") view=operations::OperationsPage ssr=SsrMode::Async/>
             </Routes>
         </Router>
     }
@@ -157,6 +160,13 @@ pub fn TopBar() -> impl IntoView {
                     </Suspense>
                 </a>
                 <a href="/audit">"Audit"</a>
+                <Suspense>
+                    {move || Suspend::new(async move {
+                        me.await.ok().flatten().filter(|user| user.role == Role::Admin).map(|_| view! {
+                            <a href="/operations">"Operations"</a>
+                        })
+                    })}
+                </Suspense>
             </nav>
             <Suspense>
                 {move || Suspend::new(async move {

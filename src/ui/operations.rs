@@ -1,0 +1,234 @@
+//! The operators' page (admins only): this instance's figures for the last
+//! hour, one small chart each, drawn on the server as SVG. The same figures
+//! Prometheus scrapes from `--metrics-bind`, for a team that has no
+//! Prometheus yet or wants a glance.
+
+use super::TopBar;
+use leptos::prelude::*;
+use leptos_meta::Title;
+use serde::{Deserialize, Serialize};
+
+/// One figure over the hour: a point a minute, oldest first; none where a
+/// mean has nothing to average.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Chart {
+    pub title: String,
+    /// The figure in words, as it stands now.
+    pub now: String,
+    pub points: Vec<Option<f64>>,
+    /// Each point's minute (`HH:MM`).
+    pub times: Vec<String>,
+    /// Counts a minute are bars; levels and means are a line.
+    pub bars: bool,
+    /// A limit drawn across the chart (the pool's size).
+    pub ceiling: Option<f64>,
+}
+
+impl Chart {
+    pub fn bars(title: &str, now: String, points: Vec<Option<f64>>, times: &[String]) -> Chart {
+        Chart {
+            title: title.to_owned(),
+            now,
+            points,
+            times: times.to_vec(),
+            bars: true,
+            ceiling: None,
+        }
+    }
+
+    pub fn line(
+        title: &str,
+        now: String,
+        points: Vec<Option<f64>>,
+        ceiling: Option<f64>,
+        times: &[String],
+    ) -> Chart {
+        Chart {
+            title: title.to_owned(),
+            now,
+            points,
+            times: times.to_vec(),
+            bars: false,
+            ceiling,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OperationsView {
+    /// When the first reading shown was taken.
+    pub since: String,
+    /// How many minutes the charts cover.
+    pub minutes: usize,
+    pub charts: Vec<Chart>,
+}
+
+#[component]
+pub fn OperationsPage() -> impl IntoView {
+    let live = super::live_tick();
+    let figures = Resource::new(move || live.get(), |_| operations_figures());
+    view! {
+        <Title text="Operations · Saga Harness"/>
+        <TopBar/>
+        <main class="page">
+            <h1>"Operations"</h1>
+            <Suspense fallback=|| view! { <p>"Loading…"</p> }>
+                {move || Suspend::new(async move {
+                    match figures.await {
+                        Ok(view) => view! {
+                            <p class="lede">
+                                {format!(
+                                    "This instance since {} ({} minute{}); a reading a minute, the last one the minute under way. The same figures are served to Prometheus on the metrics address.",
+                                    view.since,
+                                    view.minutes,
+                                    if view.minutes == 1 { "" } else { "s" },
+                                )}
+                            </p>
+                            <div class="charts">
+                                {view.charts.into_iter().map(|chart| view! { <ChartFigure chart/> }).collect_view()}
+                            </div>
+                        }.into_any(),
+                        Err(err) => view! {
+                            <p class="error" role="alert">{refusal(err)}</p>
+                        }.into_any(),
+                    }
+                })}
+            </Suspense>
+        </main>
+    }
+}
+
+const W: f64 = 260.0;
+const H: f64 = 60.0;
+
+#[component]
+fn ChartFigure(chart: Chart) -> impl IntoView {
+    let top = chart
+        .points
+        .iter()
+        .flatten()
+        .copied()
+        .chain(chart.ceiling)
+        .fold(0.0_f64, f64::max);
+    let scale = if top > 0.0 { top } else { 1.0 };
+    let y = move |value: f64| H - value / scale * (H - 4.0);
+    let n = chart.points.len().max(1) as f64;
+    let step = W / n;
+    let marks = if chart.bars {
+        chart
+            .points
+            .iter()
+            .zip(&chart.times)
+            .enumerate()
+            .map(|(i, (point, time))| {
+                let value = point.unwrap_or(0.0);
+                let top_y = y(value);
+                view! {
+                    <rect x=format!("{:.1}", i as f64 * step + 0.5) y=format!("{top_y:.1}")
+                        width=format!("{:.1}", (step - 1.0).max(1.0)) height=format!("{:.1}", H - top_y)
+                        fill="#175cd3">
+                        <title>{format!("{time}: {}", figure(value))}</title>
+                    </rect>
+                }
+                .into_any()
+            })
+            .collect_view()
+            .into_any()
+    } else {
+        // A line broken where a minute has no value.
+        let mut runs: Vec<Vec<String>> = vec![Vec::new()];
+        for (i, point) in chart.points.iter().enumerate() {
+            match point {
+                Some(value) => runs.last_mut().expect("a run").push(format!(
+                    "{:.1},{:.1}",
+                    i as f64 * step + step / 2.0,
+                    y(*value)
+                )),
+                None => runs.push(Vec::new()),
+            }
+        }
+        let dots = chart
+            .points
+            .iter()
+            .zip(&chart.times)
+            .enumerate()
+            .filter_map(|(i, (point, time))| {
+                point.map(|value| {
+                    view! {
+                        <circle cx=format!("{:.1}", i as f64 * step + step / 2.0) cy=format!("{:.1}", y(value)) r="2" fill="#175cd3">
+                            <title>{format!("{time}: {}", figure(value))}</title>
+                        </circle>
+                    }
+                })
+            })
+            .collect_view();
+        view! {
+            {runs.into_iter().filter(|run| !run.is_empty()).map(|run| view! {
+                <polyline points=run.join(" ") fill="none" stroke="#175cd3" stroke-width="1.5"/>
+            }).collect_view()}
+            {dots}
+        }
+        .into_any()
+    };
+    let ceiling = chart.ceiling.map(|limit| {
+        let at = format!("{:.1}", y(limit));
+        view! { <line x1="0" y1=at.clone() x2=W y2=at stroke="#b42318" stroke-dasharray="4 3"/> }
+    });
+    let first = chart.times.first().cloned().unwrap_or_default();
+    let last = chart.times.last().cloned().unwrap_or_default();
+    view! {
+        <figure class="chart">
+            <figcaption><strong>{chart.title.clone()}</strong><span class="muted">{chart.now}</span></figcaption>
+            <svg viewBox=format!("0 0 {W} {}", H + 14.0) width="100%" role="img"
+                aria-label=chart.title xmlns="http://www.w3.org/2000/svg">
+                <line x1="0" y1=H x2=W y2=H stroke="#d9dee7"/>
+                <text x="2" y="9" font-size="9" fill="#5b6678">{figure(top)}</text>
+                {marks}
+                {ceiling}
+                <text x="0" y=H + 12.0 font-size="9" fill="#5b6678">{first}</text>
+                <text x=W y=H + 12.0 font-size="9" fill="#5b6678" text-anchor="end">{last}</text>
+            </svg>
+        </figure>
+    }
+    .into_any()
+}
+
+/// A refusal's own words, without the server-function wrapping.
+fn refusal(err: ServerFnError) -> String {
+    match err {
+        ServerFnError::ServerError(message) => message,
+        other => other.to_string(),
+    }
+}
+
+/// A figure as a person reads it: whole numbers without decimals.
+fn figure(value: f64) -> String {
+    if value.fract() == 0.0 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.3}")
+    }
+}
+
+#[server(endpoint = "operations_figures")]
+pub async fn operations_figures() -> Result<OperationsView, ServerFnError> {
+    use crate::saga::class::Role;
+    let user = super::ssr::signed_in().await?;
+    if user.role != Role::Admin {
+        return Err(super::ssr::refused(
+            axum::http::StatusCode::FORBIDDEN,
+            format!(
+                "{} is a {}: the operators' page is for admins.",
+                user.username,
+                user.role.as_str()
+            ),
+        ));
+    }
+    let state = super::ssr::app_state()?;
+    let now = state
+        .metrics
+        .reading(crate::ops::metrics::Sources::of(&state))
+        .await
+        .map_err(super::ssr::internal)?;
+    Ok(crate::ops::history::view(state.metrics.last_hour(), now))
+}
