@@ -20,14 +20,25 @@ pub async fn main() -> ExitCode {
     } else {
         crate::ops::logging::DEFAULT_FILTER
     };
-    crate::ops::logging::init(cli.log_format, quiet);
-    match run(cli.command).await {
+    let export = match crate::ops::logging::init(cli.log_format, quiet, cli.otlp_endpoint.as_ref())
+    {
+        Ok(export) => export,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = match run(cli.command).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {}", message(&err));
             ExitCode::FAILURE
         }
+    };
+    if let Some(export) = export {
+        export.finish();
     }
+    code
 }
 
 /// The error and its causes on one line, each said once: many errors

@@ -24,6 +24,11 @@ pub struct Cli {
         default_value = "text"
     )]
     pub log_format: crate::ops::logging::LogFormat,
+    /// Also export every span over OTLP/HTTP (protobuf) to the collector at
+    /// this base URL (e.g. http://localhost:4318; spans go to /v1/traces
+    /// under it). Off unless given.
+    #[arg(long, global = true, env = "SAGA_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<url::Url>,
 }
 
 #[derive(Debug, Args, Clone)]

@@ -1,7 +1,7 @@
 //! What the people who run the harness see: each metric moved by the event
 //! it counts, read from `/metrics` on its own listener (and accepted by
 //! Prometheus's own checker); readiness; a trace from the API request to
-//! the system request; shutdown that lets calls in flight finish and leaves
+//! the system request, in the log and exported over OTLP; shutdown that lets calls in flight finish and leaves
 //! the rest to resume; `doctor` saying which systems are down; the
 //! operators' page, for admins only.
 
@@ -9,8 +9,11 @@ mod common;
 
 use common::process::{free_port, provision, tools_file, Dashboard, Harness, Launch, PASSWORD};
 use common::world::{Fault, World, TOOLS};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::trace::v1::Span;
 use saga_harness::config::{DatabaseArgs, ServeArgs};
 use saga_harness::connectors::ConnectorSet;
+use saga_harness::ops::logging::DEFAULT_FILTER;
 use saga_harness::saga::engine::Engine;
 use saga_harness::saga::model::{Actor, ApprovalKind, NewApproval, NewRun};
 use saga_harness::saga::store::SagaStore;
@@ -540,13 +543,7 @@ fn reship_call(base: &str, run: &str, token: &str) -> reqwest::RequestBuilder {
 #[tokio::test]
 async fn a_calls_trace_runs_from_the_api_request_through_the_step_to_the_system_request() {
     let live = live(&[("SAGA_LOG_FORMAT", "json")]).await;
-    let harness = Harness::start(
-        &live
-            .launch
-            .clone()
-            .rust_log(saga_harness::ops::logging::DEFAULT_FILTER),
-    )
-    .await;
+    let harness = Harness::start(&live.launch.clone().rust_log(DEFAULT_FILTER)).await;
     let http = reqwest::Client::new();
     let run = new_run(&http, &harness.base, &live.token).await;
     let answer: Value = reship_call(&harness.base, &run, &live.token)
@@ -592,6 +589,112 @@ async fn a_calls_trace_runs_from_the_api_request_through_the_step_to_the_system_
     assert_eq!(spans[1]["key"], key, "{line}");
     assert_eq!(spans[2]["system"], "warehouse", "{line}");
     assert_eq!(spans[2]["http.status"], 201, "{line}");
+}
+
+/// A collector's endpoint: every span posted to `/v1/traces`, decoded.
+async fn collector() -> (String, tokio::sync::mpsc::UnboundedReceiver<Vec<Span>>) {
+    use prost::Message as _;
+    let (sent, received) = tokio::sync::mpsc::unbounded_channel();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let sent = sent.clone();
+            async move {
+                let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+                    return axum::http::StatusCode::BAD_REQUEST;
+                };
+                let spans = request
+                    .resource_spans
+                    .into_iter()
+                    .flat_map(|r| r.scope_spans)
+                    .flat_map(|s| s.spans)
+                    .collect();
+                let _ = sent.send(spans);
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (endpoint, received)
+}
+
+fn attribute(span: &Span, name: &str) -> Option<String> {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    let value = span
+        .attributes
+        .iter()
+        .find(|a| a.key == name)?
+        .value
+        .as_ref()?;
+    match value.value.as_ref()? {
+        Any::StringValue(text) => Some(text.clone()),
+        Any::IntValue(n) => Some(n.to_string()),
+        other => Some(format!("{other:?}")),
+    }
+}
+
+#[tokio::test]
+async fn with_an_otlp_endpoint_a_calls_spans_reach_the_collector_as_one_trace() {
+    let (endpoint, mut received) = collector().await;
+    let live = live(&[("SAGA_OTLP_ENDPOINT", &endpoint)]).await;
+    let mut harness = Harness::start(&live.launch.clone().rust_log(DEFAULT_FILTER)).await;
+    let http = reqwest::Client::new();
+    let run = new_run(&http, &harness.base, &live.token).await;
+    let answer: Value = reship_call(&harness.base, &run, &live.token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["outcome"], "confirmed", "{answer}");
+    // The queued spans are sent when the process stops.
+    let sigterm = std::process::Command::new("kill")
+        .args(["-TERM", &harness.pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sigterm.success());
+    let exit = harness.wait_for_exit(Duration::from_secs(30)).await;
+    assert!(exit.is_some_and(|s| s.success()), "{}", harness.log_text());
+    let mut spans = Vec::new();
+    while let Ok(batch) = received.try_recv() {
+        spans.extend(batch);
+    }
+    let named = |name: &str| -> Vec<&Span> { spans.iter().filter(|s| s.name == name).collect() };
+    let system = named("system.request");
+    let [system] = system.as_slice() else {
+        panic!(
+            "one system request: {:?}",
+            spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+        );
+    };
+    assert_eq!(attribute(system, "system").as_deref(), Some("warehouse"));
+    assert_eq!(attribute(system, "http.status").as_deref(), Some("201"));
+    let step = spans
+        .iter()
+        .find(|s| s.span_id == system.parent_span_id)
+        .expect("the system request's parent is exported");
+    assert_eq!(step.name, "saga.step");
+    assert_eq!(attribute(step, "run_id").as_deref(), Some(run.as_str()));
+    assert_eq!(attribute(step, "tool").as_deref(), Some("reship"));
+    assert_eq!(attribute(step, "key").as_deref(), answer["key"].as_str());
+    let request = spans
+        .iter()
+        .find(|s| s.span_id == step.parent_span_id)
+        .expect("the step's parent is exported");
+    assert_eq!(request.name, "request");
+    assert_eq!(
+        attribute(request, "route").as_deref(),
+        Some("/api/v1/runs/{run}/calls")
+    );
+    assert!(request.parent_span_id.is_empty(), "the request is the root");
+    assert_eq!(
+        (&step.trace_id, &system.trace_id),
+        (&request.trace_id, &request.trace_id),
+        "one trace"
+    );
 }
 
 #[tokio::test]
