@@ -851,9 +851,12 @@ async fn doctor_says_which_systems_are_down_and_which_credentials_are_missing() 
     let (healthy, text) = doctor(&tools, &url, &["STRIPE_SECRET_KEY"]).await;
     assert!(!healthy, "{text}");
     let fixes: Vec<&str> = text.lines().filter(|l| l.contains("FIX")).collect();
-    assert!(fixes.iter().any(|l| l.contains("jira: down")), "{text}");
     assert!(
-        fixes.iter().any(|l| l.contains("warehouse: down")),
+        fixes.iter().any(|l| l.contains("jira: not reachable")),
+        "{text}"
+    );
+    assert!(
+        fixes.iter().any(|l| l.contains("warehouse: not reachable")),
         "{text}"
     );
     assert!(

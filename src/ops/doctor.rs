@@ -177,7 +177,11 @@ fn credentials(registry: &Registry, findings: &mut Vec<Finding>) -> BTreeMap<Str
 /// channels), by system, each with the arguments its probe sends.
 fn operations_by_system(registry: &Registry) -> BTreeMap<String, Vec<(String, Value)>> {
     let mut by_system: BTreeMap<String, Vec<(String, Value)>> = BTreeMap::new();
-    for spec in registry.tools() {
+    // Agents' own tools first: their schemas fill the probe's arguments,
+    // where a way back's arguments come from a step that does not exist.
+    let mut specs: Vec<_> = registry.tools().collect();
+    specs.sort_by_key(|spec| spec.way_back_only || spec.schema.is_none());
+    for spec in specs {
         let mut operations = vec![(spec.connector.clone(), probe_args(spec.schema.as_ref()))];
         operations.extend(
             spec.correction_channels()
@@ -219,8 +223,10 @@ fn probe_args(schema: Option<&Value>) -> Value {
 
 const PROBE_TEXT: &str = "saga-doctor-probe";
 
-/// Each system: its lookup asked for a key never used (read-only), or,
-/// where it has none, its address opened and closed.
+/// Each system: its address opened (a system that does not accept a
+/// connection is down, whatever else is wrong), then its lookup asked for a
+/// key never used (read-only); where it has no lookup, being reachable is
+/// all there is to know.
 async fn systems(
     registry: &Registry,
     connectors: &BTreeMap<String, ConnectorSet>,
@@ -232,19 +238,27 @@ async fn systems(
             .iter()
             .find(|(name, _)| *name == system)
             .and_then(|(_, table)| address_of(table));
-        let Some(set) = connectors.get(&system) else {
-            match &address {
-                Some(address) => findings.push(reachable(&system, address).await),
-                None => findings.push(Finding::Note(format!(
-                    "{system}: not configured here, so not probed"
-                ))),
-            }
+        let reached = match &address {
+            Some(address) => reachable(&system, address).await,
+            None => Finding::Note(format!("{system}: no address to probe")),
+        };
+        let (Finding::Ok(mut reached), Some(set)) = (reached.clone(), connectors.get(&system))
+        else {
+            // Down, or not configured here: nothing more can be asked.
+            findings.push(match (reached, connectors.contains_key(&system)) {
+                (Finding::Ok(text), false) => Finding::Ok(format!(
+                    "{text}; not configured here, so its lookup is not probed"
+                )),
+                (other, _) => other,
+            });
             continue;
         };
         let probe = format!("{PROBE_TEXT}-{}", uuid::Uuid::new_v4().simple());
         let mut answered = None;
         let mut failed = None;
+        let mut has_lookup = false;
         for (operation, args) in operations.iter().filter(|(op, _)| set.has_lookup(op)) {
+            has_lookup = true;
             let started = Instant::now();
             let asked =
                 tokio::time::timeout(PROBE_TIMEOUT, set.lookup(operation, &probe, args)).await;
@@ -265,33 +279,29 @@ async fn systems(
                 }
             }
         }
-        let at = address
-            .as_ref()
-            .map(|a| format!(" at {a}"))
-            .unwrap_or_default();
-        match (answered, failed) {
-            (Some((operation, took)), _) => findings.push(Finding::Ok(format!(
-                "{system}: reachable{at}, its lookup answers ({operation}, {} ms)",
-                took.as_millis()
-            ))),
-            (None, Some((operation, reason))) => findings.push(Finding::Fix(format!(
-                "{system}: down or refusing{at}: the lookup of {operation} failed: {reason}. \
-                 Start it, or correct its address and credentials in [connectors]; \
-                 until then its calls are not sent, and unknowns wait"
-            ))),
+        findings.push(match (answered, failed) {
+            (Some((operation, took)), _) => {
+                reached.push_str(&format!(
+                    ", its lookup answers ({operation}, {} ms)",
+                    took.as_millis()
+                ));
+                Finding::Ok(reached)
+            }
+            (None, Some((operation, reason))) => Finding::Fix(format!(
+                "{system}: reachable{}, but the lookup of {operation} failed: {reason}. \
+                 Check its credentials and settings in [connectors]; until its lookup \
+                 answers, unknown outcomes wait",
+                address.map(|a| format!(" at {a}")).unwrap_or_default()
+            )),
             (None, None) => {
-                let mut finding = match &address {
-                    Some(address) => reachable(&system, address).await,
-                    None => Finding::Note(format!("{system}: no address to probe")),
-                };
-                if let Finding::Ok(text) = &mut finding {
-                    text.push_str(
+                if !has_lookup {
+                    reached.push_str(
                         "; it has no lookup, so an unknown outcome is a question for a person",
                     );
                 }
-                findings.push(finding);
+                Finding::Ok(reached)
             }
-        }
+        });
     }
 }
 
