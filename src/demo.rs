@@ -19,7 +19,7 @@ use crate::config::{DatabaseArgs, DemoArgs, ServeArgs};
 use crate::connectors::wire::{Timeouts, Wire};
 use crate::connectors::ConnectorSet;
 use crate::saga::class::Role;
-use crate::saga::model::Actor;
+use crate::saga::model::{Actor, Via};
 use crate::saga::registry::Registry;
 use crate::server::Application;
 use crate::sim::bundle::{use_simulated_credentials, Simulators};
@@ -38,6 +38,20 @@ pub const SUPPORT_TOOLS: &str = include_str!("../tools/support.toml");
 pub const INCIDENT: &str = "demo-incident-kettle";
 pub const INCIDENT_OVER_MCP: &str = "demo-incident-kettle-mcp";
 pub const AT_PIVOT: &str = "demo-reship-lamp";
+/// The lead's Slack user in the simulated workspace.
+pub const DEMO_LEAD_IN_SLACK: &str = "U0LEAD0001";
+
+/// The demo asks for approvals in the Slack simulator too.
+const SLACK_APPROVALS: &str = r##"
+[approvals.slack]
+channel = "#support"
+signing_secret_env = "SLACK_SIGNING_SECRET"
+
+[approvals.slack.users]
+U0ADMIN001 = "admin"
+U0LEAD0001 = "lead"
+U0VIEW0001 = "viewer"
+"##;
 pub const CORRECTION: &str = "demo-email-correction";
 pub const ATTENTION: &str = "demo-needs-attention";
 
@@ -47,7 +61,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .await
         .context("starting the simulators (pick other ports with --first-port)")?;
     let tools = sims.point(SUPPORT_TOOLS).map_err(|e| anyhow!(e))?;
-    let registry = Registry::from_toml(&tools)?;
+    let registry = Registry::from_toml(&format!("{tools}\n{SLACK_APPROVALS}"))?;
     let connectors = ConnectorSet::from_settings(
         registry.connector_settings(),
         &Wire::new(&Timeouts::default()),
@@ -84,6 +98,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .add_api_token("demo-agent", &auth::token_hash(&token), Some("demo"))
         .await?;
     let site = format!("http://{}", app.local_addr());
+    let slack = sims.slack.base_url();
+    reqwest::Client::new()
+        .post(format!("{slack}/_sim/slack/app"))
+        .json(&json!({
+            "request_url": format!("{site}/slack/interactions"),
+            "signing_secret": std::env::var("SLACK_SIGNING_SECRET")?,
+        }))
+        .send()
+        .await?
+        .error_for_status()
+        .context("pointing the Slack simulator's buttons at the harness")?;
     let server = tokio::spawn(app.serve(async {
         let _ = tokio::signal::ctrl_c().await;
     }));
@@ -112,6 +137,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     for (name, url) in sims.addresses() {
         println!("  simulator {name:<10} {url}");
     }
+    println!(
+        "  Slack:     waiting approvals are posted to #support on the Slack simulator ({slack});"
+    );
+    println!(
+        "             press a button as the lead: curl -s {slack}/_sim/slack/press -H 'content-type: application/json' -d '{{\"saga_key\": \"KEY\", \"action_id\": \"saga_approve\", \"user_id\": \"{DEMO_LEAD_IN_SLACK}\"}}'"
+    );
+    println!("             (each message's KEY is in {slack}/_sim/ledger)");
     println!("stop with Ctrl-C");
     server.await??;
     Ok(())
@@ -146,7 +178,13 @@ impl People {
             .ok_or_else(|| anyhow!("the pivot answer has no approval_id: {pivot}"))?;
         let digest = pivot["digest"].as_str().unwrap_or_default();
         self.engine
-            .decide_pivot(id, digest, true, &Actor::User("admin".into()))
+            .decide_pivot(
+                id,
+                digest,
+                true,
+                &Actor::User("admin".into()),
+                Via::Dashboard,
+            )
             .await?;
         Ok(())
     }

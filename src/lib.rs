@@ -15,6 +15,8 @@ pub mod ui;
 #[cfg(feature = "ssr")]
 pub mod api;
 #[cfg(feature = "ssr")]
+pub mod approvals;
+#[cfg(feature = "ssr")]
 pub mod auth;
 #[cfg(feature = "ssr")]
 pub mod bench;

@@ -43,6 +43,8 @@ pub struct AppState {
     pub metrics: Arc<crate::ops::metrics::Metrics>,
     /// Set once shutdown has begun (`/readyz` then says so).
     pub draining: crate::ops::health::Draining,
+    /// Approvals also asked for in Slack, when the tools file says so.
+    pub slack_approvals: Option<Arc<crate::approvals::SlackApprovals>>,
 }
 
 impl FromRef<AppState> for LeptosOptions {
@@ -163,6 +165,15 @@ impl Application {
                 url: store::redact(&args.database.database_url),
                 source,
             })?;
+        let slack_approvals = crate::approvals::SlackApprovals::from_registry(
+            &registry,
+            &Wire::new(&Timeouts::default()),
+            &format!("http://{addr}"),
+        )
+        .map_err(|mistakes| ServerError::Connectors {
+            path: args.tools.clone().unwrap_or_default(),
+            mistakes,
+        })?;
         let store = opened.saga_store();
         let registry = Arc::new(registry);
         let metrics = Arc::new(crate::ops::metrics::Metrics::new());
@@ -189,6 +200,7 @@ impl Application {
             opened: opened.clone(),
             metrics,
             draining: Default::default(),
+            slack_approvals,
         };
         let timeout = std::time::Duration::from_secs(args.limits.request_timeout_secs.max(1));
         let router = router(state.clone(), &opened, args.secure_cookies, timeout).await?;
@@ -263,6 +275,16 @@ impl Application {
             })
         });
         let recorder = tokio::spawn(record_each_minute(self.state.clone()));
+        let notifier = self.state.slack_approvals.clone().map(|slack| {
+            tokio::spawn(
+                crate::approvals::notifier::Notifier {
+                    slack,
+                    engine: self.state.engine.clone(),
+                    registry: self.state.registry.clone(),
+                }
+                .run(),
+            )
+        });
         let draining = self.state.draining.clone();
         let shutdown = async move {
             shutdown.await;
@@ -274,6 +296,9 @@ impl Application {
             .map_err(ServerError::Serve);
         sweeper.abort();
         recorder.abort();
+        if let Some(notifier) = notifier {
+            notifier.abort();
+        }
         if let Some(metrics_server) = metrics_server {
             metrics_server.abort();
         }
@@ -406,6 +431,10 @@ async fn router(
         .merge(crate::api::router())
         .merge(crate::mcp::router(&state))
         .route(ui::LIVE_PATH, get(live_changes))
+        .route(
+            "/slack/interactions",
+            axum::routing::post(crate::approvals::interactions::handle),
+        )
         .leptos_routes_with_context(&state, routes, || {}, {
             let options = state.leptos_options.clone();
             move || ui::shell(options.clone())

@@ -7,7 +7,7 @@ mod common;
 use common::world::{Fault, Witness, World, TOOLS};
 use saga_harness::saga::connector::Connector;
 use saga_harness::saga::engine::{Engine, OutcomeKind, Refusal};
-use saga_harness::saga::model::{Actor, NewRun, NewStep, Run};
+use saga_harness::saga::model::{Actor, NewRun, NewStep, Run, Via};
 use saga_harness::saga::pivot::PlannedCall;
 use saga_harness::saga::registry::Registry;
 use saga_harness::saga::status::{ApprovalStatus, RunStatus, StepStatus};
@@ -330,7 +330,13 @@ async fn r6_a_call_whose_way_back_cannot_be_built_waits_for_a_person(s: Setup) {
     );
     let step = s
         .engine
-        .decide_step(approvals[0].id, &approvals[0].digest, true, &lead())
+        .decide_step(
+            approvals[0].id,
+            &approvals[0].digest,
+            true,
+            &lead(),
+            Via::Dashboard,
+        )
         .await
         .unwrap();
     assert_eq!(step.status, StepStatus::Confirmed);
@@ -393,7 +399,13 @@ async fn r9_irreversible_calls_before_the_pivot_are_held_and_counted(s: Setup) {
     let approval = s.store.pending_approvals().await.unwrap().remove(0);
     let rejected = s
         .engine
-        .decide_step(approval.id, &approval.digest, false, &lead())
+        .decide_step(
+            approval.id,
+            &approval.digest,
+            false,
+            &lead(),
+            Via::Dashboard,
+        )
         .await
         .unwrap();
     assert_eq!(rejected.status, StepStatus::Rejected);
@@ -426,13 +438,19 @@ async fn r9_irreversible_calls_before_the_pivot_are_held_and_counted(s: Setup) {
     let approval = s.store.pending_approvals().await.unwrap().remove(0);
     let err = s
         .engine
-        .decide_step(approval.id, "a digest of another plan", true, &lead())
+        .decide_step(
+            approval.id,
+            "a digest of another plan",
+            true,
+            &lead(),
+            Via::Dashboard,
+        )
         .await
         .unwrap_err();
     assert!(err.to_string().contains("plan changed"), "{err}");
     let sent = s
         .engine
-        .decide_step(approval.id, &approval.digest, true, &lead())
+        .decide_step(approval.id, &approval.digest, true, &lead(), Via::Dashboard)
         .await
         .unwrap();
     assert_eq!(sent.status, StepStatus::Confirmed);
@@ -601,7 +619,7 @@ async fn r7_an_answer_given_again_does_not_settle_a_later_question(s: Setup) {
     let approval = s.store.pending_approvals().await.unwrap().remove(0);
     s.world.fail_next("mail.send", Fault::TimeoutWithoutEffect);
     s.engine
-        .decide_step(approval.id, &approval.digest, true, &lead())
+        .decide_step(approval.id, &approval.digest, true, &lead(), Via::Dashboard)
         .await
         .unwrap();
     let first_question = s.store.step(run.id, 0).await.unwrap().unwrap();
@@ -668,7 +686,7 @@ async fn r7_without_a_lookup_a_person_answers(s: Setup) {
     s.world.fail_next("mail.send", Fault::EffectThen504);
     let step = s
         .engine
-        .decide_step(approval.id, &approval.digest, true, &lead())
+        .decide_step(approval.id, &approval.digest, true, &lead(), Via::Dashboard)
         .await
         .unwrap();
     assert_eq!(step.status, StepStatus::Unknown);
@@ -918,14 +936,14 @@ async fn r9_the_pivot_runs_exactly_the_approved_steps_in_order(s: Setup) {
     assert_eq!(second.plan["commit"][1]["gated"], true);
     let err = s
         .engine
-        .decide_pivot(second.id, &first.digest, true, &lead())
+        .decide_pivot(second.id, &first.digest, true, &lead(), Via::Dashboard)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("plan changed"), "{err}");
     assert!(s.world.effects("payments.charge").is_empty());
     let done = s
         .engine
-        .decide_pivot(second.id, &second.digest, true, &lead())
+        .decide_pivot(second.id, &second.digest, true, &lead(), Via::Dashboard)
         .await
         .unwrap();
     assert_eq!(done.status, RunStatus::Completed);
@@ -957,7 +975,7 @@ async fn r9_the_pivot_runs_exactly_the_approved_steps_in_order(s: Setup) {
     // A replay of the approval finds it done and sends nothing more.
     let replay = s
         .engine
-        .decide_pivot(second.id, &second.digest, true, &lead())
+        .decide_pivot(second.id, &second.digest, true, &lead(), Via::Dashboard)
         .await
         .unwrap();
     assert_eq!(replay.status, RunStatus::Completed);
@@ -985,7 +1003,7 @@ async fn r9_a_failed_commit_step_waits_for_a_person(s: Setup) {
         .unwrap();
     let after = s
         .engine
-        .decide_pivot(pivot.id, &pivot.digest, true, &lead())
+        .decide_pivot(pivot.id, &pivot.digest, true, &lead(), Via::Dashboard)
         .await
         .unwrap();
     assert_eq!(after.status, RunStatus::NeedsAttention);
@@ -1026,7 +1044,7 @@ async fn r8_reject_unwinds_the_staged_steps(s: Setup) {
         .unwrap();
     let after = s
         .engine
-        .decide_pivot(pivot.id, &pivot.digest, false, &lead())
+        .decide_pivot(pivot.id, &pivot.digest, false, &lead(), Via::Dashboard)
         .await
         .unwrap();
     assert_eq!(after.status, RunStatus::Unwound);
@@ -1172,7 +1190,7 @@ async fn r9_a_person_may_unwind_a_run_whose_commit_waits_for_them(s: Setup) {
     let person = Actor::User("dana".into());
     let after = s
         .engine
-        .decide_pivot(approval.id, &approval.digest, true, &person)
+        .decide_pivot(approval.id, &approval.digest, true, &person, Via::Dashboard)
         .await
         .unwrap();
     assert_eq!(after.status, RunStatus::NeedsAttention);
@@ -1665,7 +1683,7 @@ async fn sent_email_then_unwound(s: &Setup) -> (Run, i64) {
         .unwrap();
     let approval = s.store.pending_approvals().await.unwrap().remove(0);
     s.engine
-        .decide_step(approval.id, &approval.digest, true, &lead())
+        .decide_step(approval.id, &approval.digest, true, &lead(), Via::Dashboard)
         .await
         .unwrap();
     s.engine
@@ -2015,7 +2033,7 @@ async fn r7_an_answer_lets_the_waiting_commit_carry_on(s: Setup) {
         .unwrap();
     let waiting = s
         .engine
-        .decide_pivot(pivot.id, &pivot.digest, true, &lead())
+        .decide_pivot(pivot.id, &pivot.digest, true, &lead(), Via::Dashboard)
         .await
         .unwrap();
     assert_eq!(waiting.status, RunStatus::NeedsAttention);

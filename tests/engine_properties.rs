@@ -17,7 +17,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use saga_harness::saga::class::Phase;
 use saga_harness::saga::engine::{Engine, OutcomeKind, Refusal};
-use saga_harness::saga::model::{Actor, NewRun};
+use saga_harness::saga::model::{Actor, NewRun, Via};
 use saga_harness::saga::pivot::PlannedCall;
 use saga_harness::saga::registry::Registry;
 use saga_harness::saga::status::{RunStatus, StepStatus};
@@ -221,7 +221,13 @@ async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<usize, String>
                     if let Some(approval) = approval {
                         let approve = case.rng.gen_bool(0.6);
                         surviving_crashes!(case, |engine| engine
-                            .decide_step(approval.id, &approval.digest, approve, &person)
+                            .decide_step(
+                                approval.id,
+                                &approval.digest,
+                                approve,
+                                &person,
+                                Via::Dashboard
+                            )
                             .await)
                         .map_err(|e| format!("deciding step {next_step}: {e}"))?;
                     }
@@ -277,7 +283,7 @@ async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<usize, String>
                     case.maybe_fault(op);
                 }
                 surviving_crashes!(case, |engine| engine
-                    .decide_pivot(pivot.id, &pivot.digest, approve, &person)
+                    .decide_pivot(pivot.id, &pivot.digest, approve, &person, Via::Dashboard)
                     .await)
                 .map_err(|e| format!("deciding the pivot: {e}"))?;
             }

@@ -632,6 +632,7 @@ async fn mcp_the_pivot_waits_for_a_person_and_a_call_after_the_decision_reads_th
             &approval.digest,
             true,
             &saga_harness::saga::model::Actor::User("lead".into()),
+            saga_harness::saga::model::Via::Dashboard,
         )
         .await
         .unwrap();
@@ -707,6 +708,7 @@ async fn mcp_a_held_call_is_a_task_the_client_polls_until_a_person_decides() {
             &approval.digest,
             true,
             &saga_harness::saga::model::Actor::User("lead".into()),
+            saga_harness::saga::model::Via::Dashboard,
         )
         .await
         .unwrap();
@@ -953,6 +955,7 @@ async fn an_upstream_mcp_servers_tools_are_listed_under_its_prefix_classed_from_
             &approval.digest,
             true,
             &saga_harness::saga::model::Actor::User("lead".into()),
+            saga_harness::saga::model::Via::Dashboard,
         )
         .await
         .unwrap();

@@ -15,7 +15,7 @@ use saga_harness::config::{DatabaseArgs, ServeArgs};
 use saga_harness::connectors::ConnectorSet;
 use saga_harness::ops::logging::DEFAULT_FILTER;
 use saga_harness::saga::engine::Engine;
-use saga_harness::saga::model::{Actor, ApprovalKind, NewApproval, NewRun};
+use saga_harness::saga::model::{Actor, ApprovalKind, NewApproval, NewRun, Via};
 use saga_harness::saga::store::SagaStore;
 use saga_harness::server::Application;
 use saga_harness::sim::bundle::{Simulators, CREDENTIALS};
@@ -297,7 +297,7 @@ async fn each_step_outcome_and_each_way_an_unknown_is_settled_moves_its_metric()
     let lead = Actor::User("lead".into());
     let sent = ops
         .engine
-        .decide_step(held.id, &held.digest, true, &lead)
+        .decide_step(held.id, &held.digest, true, &lead, Via::Dashboard)
         .await
         .unwrap();
     assert_eq!(sent.status.as_str(), "UNKNOWN");

@@ -5,7 +5,7 @@
 mod common;
 
 use saga_harness::saga::class::{Audience, Phase, Role, ToolClass};
-use saga_harness::saga::key::{compensation_key, correction_key, step_key};
+use saga_harness::saga::key::{compensation_key, correction_key, notice_key, step_key};
 use saga_harness::saga::model::*;
 use saga_harness::saga::status::*;
 use saga_harness::saga::store::{SagaStore, StoreError};
@@ -1190,6 +1190,76 @@ fn contract_store(store: Store) -> Store {
     store
 }
 
+async fn an_approvals_notice_is_written_once_and_kept_until_done(store: Store) {
+    let run = new_run(&store, None).await;
+    let approval = store
+        .request_approval(
+            NewApproval {
+                run_id: run.id,
+                kind: ApprovalKind::Pivot,
+                step_idx: None,
+                summary: "capture and notify".into(),
+                plan: json!({"commit": []}),
+                digest: "d1".into(),
+                expires_at: None,
+            },
+            Some((RunStatus::Running, RunStatus::AwaitingApproval)),
+            &agent(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store.approvals_without_notice().await.unwrap(),
+        vec![approval.clone()]
+    );
+    let new = NewNotice {
+        approval_id: approval.id,
+        run_id: run.id,
+        place: "primary".into(),
+        idempotency_key: notice_key(run.id, approval.id, "primary"),
+        channel: "#support".into(),
+    };
+    let written = store.record_notice(new.clone()).await.unwrap();
+    assert_eq!(written.status, NoticeStatus::Intended);
+    assert_eq!(
+        store.record_notice(new).await.unwrap(),
+        written,
+        "written once"
+    );
+    assert!(store.approvals_without_notice().await.unwrap().is_empty());
+
+    let mut posted = written.clone();
+    posted.status = NoticeStatus::Posted;
+    posted.message_ref = Some("C0SUPPORT1:1712345678.000100".into());
+    posted.shown = Some("digest-1".into());
+    store.save_notice(&posted).await.unwrap();
+    let open = store.open_notices().await.unwrap();
+    assert_eq!(open.len(), 1);
+    assert_eq!(open[0].message_ref, posted.message_ref);
+    assert_eq!(open[0].shown.as_deref(), Some("digest-1"));
+    posted.done = true;
+    store.save_notice(&posted).await.unwrap();
+    assert!(store.open_notices().await.unwrap().is_empty());
+    assert!(store.notices(approval.id).await.unwrap()[0].done);
+}
+
+async fn a_signature_is_seen_once_until_it_is_forgotten(store: Store) {
+    let now = chrono::Utc::now();
+    let long_ago = now - chrono::Duration::hours(1);
+    assert!(store.first_sighting("v0=aa", now, long_ago).await.unwrap());
+    assert!(
+        !store.first_sighting("v0=aa", now, long_ago).await.unwrap(),
+        "a replay"
+    );
+    assert!(store.first_sighting("v0=bb", now, long_ago).await.unwrap());
+    // Forgotten once older than the window: its timestamp is refused anyway.
+    let later = now + chrono::Duration::minutes(20);
+    assert!(store
+        .first_sighting("v0=aa", later, later - chrono::Duration::minutes(10))
+        .await
+        .unwrap());
+}
+
 common::on_both_backends!(
     contract_store;
     runs_are_created_once_per_agent_label,
@@ -1209,6 +1279,8 @@ common::on_both_backends!(
     users_and_tokens,
     a_claimed_run_comes_with_its_unsettled_steps,
     stale_steps_are_the_old_unsettled_ones_of_live_runs,
+    an_approvals_notice_is_written_once_and_kept_until_done,
+    a_signature_is_seen_once_until_it_is_forgotten,
 );
 
 #[tokio::test]

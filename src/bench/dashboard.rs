@@ -140,6 +140,7 @@ impl Dashboard {
             opened,
             metrics: Default::default(),
             draining: Default::default(),
+            slack_approvals: None,
         };
         Ok((Dashboard { state, runs }, filled_s))
     }

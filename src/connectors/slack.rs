@@ -75,6 +75,44 @@ impl fmt::Debug for SlackConnector {
     }
 }
 
+/// The signature Slack puts in `X-Slack-Signature` on every request it
+/// sends an app: `v0=` and the hex HMAC-SHA256, keyed with the app's
+/// signing secret, of `v0:TIMESTAMP:BODY` (the raw body, as sent).
+pub fn request_signature(signing_secret: &str, timestamp: &str, body: &[u8]) -> String {
+    use hmac::Mac;
+    let mac = signing_mac(signing_secret, timestamp, body);
+    format!("v0={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Whether `signature` (the `X-Slack-Signature` header) is Slack's for this
+/// timestamp and body, compared in constant time.
+pub fn signature_matches(
+    signing_secret: &str,
+    timestamp: &str,
+    body: &[u8],
+    signature: &str,
+) -> bool {
+    use hmac::Mac;
+    let Some(given) = signature
+        .strip_prefix("v0=")
+        .and_then(|hex| hex::decode(hex).ok())
+    else {
+        return false;
+    };
+    signing_mac(signing_secret, timestamp, body)
+        .verify_slice(&given)
+        .is_ok()
+}
+
+fn signing_mac(signing_secret: &str, timestamp: &str, body: &[u8]) -> hmac::Hmac<sha2::Sha256> {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(signing_secret.as_bytes())
+        .expect("HMAC takes a key of any length");
+    mac.update(format!("v0:{timestamp}:").as_bytes());
+    mac.update(body);
+    mac
+}
+
 /// What Slack's in-band `error` code means, as the HTTP status R4 judges.
 ///
 /// | Slack error | status | R4 |
@@ -150,6 +188,8 @@ enum Found {
 struct PostArgs {
     channel: String,
     text: String,
+    /// Block Kit layout; `text` is then the notification's fallback.
+    blocks: Option<Value>,
 }
 
 fn post_args(args: &Value) -> Result<PostArgs, String> {
@@ -157,7 +197,18 @@ fn post_args(args: &Value) -> Result<PostArgs, String> {
     if let Some(channel) = text_field("channel") {
         let text =
             text_field("text").ok_or("slack.post: argument `text` is missing or not a string")?;
-        return Ok(PostArgs { channel, text });
+        let blocks = match args.get("blocks") {
+            None | Some(Value::Null) => None,
+            Some(blocks @ Value::Array(_)) => Some(blocks.clone()),
+            Some(_) => {
+                return Err("slack.post: argument `blocks` must be an array of blocks".into())
+            }
+        };
+        return Ok(PostArgs {
+            channel,
+            text,
+            blocks,
+        });
     }
     // The correction shape: `{to: [channel], body}`.
     let channels: Vec<&str> = match args.get("to") {
@@ -177,6 +228,7 @@ fn post_args(args: &Value) -> Result<PostArgs, String> {
     Ok(PostArgs {
         channel: (*channel).to_owned(),
         text,
+        blocks: None,
     })
 }
 
@@ -378,16 +430,59 @@ impl SlackConnector {
             Ok(args) => args,
             Err(reason) => return CallReport::NotSent { reason },
         };
-        let body = json!({
+        let mut body = json!({
             "channel": args.channel,
             "text": args.text,
             "metadata": {"event_type": EVENT_TYPE, "event_payload": {"saga_key": key}},
         });
+        if let Some(blocks) = args.blocks {
+            body["blocks"] = blocks;
+        }
         in_band(
             self.wire
                 .send(self.post_json("chat.postMessage", &body))
                 .await,
         )
+    }
+
+    /// Rewrites a message this connector posted (`chat.update`), found by
+    /// its reference (`CHANNEL_ID:TS`). Rewriting with the same content
+    /// again changes nothing, so a retry is safe.
+    pub async fn update(
+        &self,
+        message_ref: &str,
+        text: &str,
+        blocks: &Value,
+    ) -> Result<(), String> {
+        let (channel, ts) = message_ref
+            .split_once(':')
+            .ok_or_else(|| format!("`{message_ref}` is not a Slack message reference"))?;
+        let body = json!({"channel": channel, "ts": ts, "text": text, "blocks": blocks});
+        match self
+            .read(self.post_json("chat.update", &body), "chat.update")
+            .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(code)) => Err(format!("chat.update said {code}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Answers a person privately through an interaction's `response_url`
+    /// (an ephemeral message only they see).
+    pub async fn respond(&self, response_url: &str, text: &str) -> Result<(), String> {
+        let body = json!({"response_type": "ephemeral", "replace_original": false, "text": text});
+        let request = self
+            .wire
+            .client()
+            .post(response_url)
+            .header(CONTENT_TYPE, "application/json; charset=utf-8")
+            .body(body.to_string());
+        match self.wire.read(request).await {
+            Ok((200..=299, _)) => Ok(()),
+            Ok((status, _)) => Err(format!("the response URL answered HTTP {status}")),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     async fn delete(&self, args: &Value) -> CallReport {
@@ -574,6 +669,41 @@ impl Connector for SlackConnector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_signature_is_the_v0_hmac_of_timestamp_and_body() {
+        // Computed independently (Python's hmac module) for these inputs.
+        let body = b"token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&command=%2Fweather";
+        assert_eq!(
+            request_signature("8f742231b10e8888abcd99yyyzzz85a5", "1531420618", body),
+            "v0=6b8b0b4cff7baf56906b6a54056df891b9cc8292bc01770e0e1d6dd9bc623977"
+        );
+        let right = "v0=6b8b0b4cff7baf56906b6a54056df891b9cc8292bc01770e0e1d6dd9bc623977";
+        assert!(signature_matches(
+            "8f742231b10e8888abcd99yyyzzz85a5",
+            "1531420618",
+            body,
+            right
+        ));
+        assert!(!signature_matches(
+            "another secret",
+            "1531420618",
+            body,
+            right
+        ));
+        assert!(!signature_matches(
+            "8f742231b10e8888abcd99yyyzzz85a5",
+            "1531420619",
+            body,
+            right
+        ));
+        assert!(!signature_matches(
+            "8f742231b10e8888abcd99yyyzzz85a5",
+            "1531420618",
+            body,
+            "6b8b0b"
+        ));
+    }
 
     #[test]
     fn in_band_errors_become_the_status_they_mean() {

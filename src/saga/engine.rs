@@ -1285,6 +1285,7 @@ impl Engine {
         digest: &str,
         approve: bool,
         person: &Actor,
+        via: Via,
     ) -> Result<Step, Refusal> {
         let approval =
             self.store
@@ -1320,7 +1321,7 @@ impl Engine {
                     } else {
                         ApprovalStatus::Rejected
                     },
-                    note: None,
+                    note: via.note(),
                     run_move: None,
                 },
                 person,

@@ -363,3 +363,95 @@ pub struct ApiToken {
     pub label: Option<String>,
     pub created_at: DateTime<Utc>,
 }
+
+/// Where a message telling people an approval waits (a Slack post) stands.
+/// It is kept like a step: written with its key before it is posted, so a
+/// post whose answer was lost is looked up by that key, never sent twice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoticeStatus {
+    /// Written, not yet known to be posted.
+    Intended,
+    Posted,
+    /// The post's answer was lost: the key is looked up before posting again.
+    Unknown,
+    /// The channel refused it (a missing channel, a revoked token).
+    Failed,
+}
+
+impl NoticeStatus {
+    pub const ALL: [NoticeStatus; 4] = [
+        NoticeStatus::Intended,
+        NoticeStatus::Posted,
+        NoticeStatus::Unknown,
+        NoticeStatus::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoticeStatus::Intended => "intended",
+            NoticeStatus::Posted => "posted",
+            NoticeStatus::Unknown => "unknown",
+            NoticeStatus::Failed => "failed",
+        }
+    }
+}
+
+impl std::str::FromStr for NoticeStatus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        NoticeStatus::ALL
+            .into_iter()
+            .find(|status| status.as_str() == s)
+            .ok_or_else(|| format!("`{s}` is not a notice status"))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewNotice {
+    pub approval_id: i64,
+    pub run_id: Uuid,
+    /// Which message of the approval: `primary` (the first post).
+    pub place: String,
+    pub idempotency_key: String,
+    pub channel: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    pub approval_id: i64,
+    pub run_id: Uuid,
+    pub place: String,
+    pub idempotency_key: String,
+    pub channel: String,
+    pub status: NoticeStatus,
+    /// Where the channel keeps it (Slack: `CHANNEL_ID:TS`).
+    pub message_ref: Option<String>,
+    /// Digest of the message as last posted or updated.
+    pub shown: Option<String>,
+    /// It shows the approval's final outcome: nothing more to update.
+    pub done: bool,
+    pub error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Where a person's decision came from, kept with it in the audit trail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    Dashboard,
+    Slack,
+    /// The harness itself: an expiry, or a decision replayed after a crash.
+    Harness,
+}
+
+impl Via {
+    /// The note the decision is recorded with.
+    pub fn note(self) -> Option<String> {
+        match self {
+            Via::Dashboard => Some("decided in the dashboard".to_owned()),
+            Via::Slack => Some("decided in Slack".to_owned()),
+            Via::Harness => None,
+        }
+    }
+}

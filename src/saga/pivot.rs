@@ -146,6 +146,7 @@ impl Engine {
         digest: &str,
         approve: bool,
         person: &Actor,
+        via: Via,
     ) -> Result<Run, Refusal> {
         let approval = self
             .store()
@@ -167,9 +168,9 @@ impl Engine {
                 Some("past the authorisations' deadline".to_owned()),
             )
         } else if approve {
-            (ApprovalStatus::Approved, RunStatus::Committing, None)
+            (ApprovalStatus::Approved, RunStatus::Committing, via.note())
         } else {
-            (ApprovalStatus::Rejected, RunStatus::Rejected, None)
+            (ApprovalStatus::Rejected, RunStatus::Rejected, via.note())
         };
         {
             let _serialised = self.serialise(run_id).await?;

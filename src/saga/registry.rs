@@ -485,12 +485,17 @@ struct ToolsFile {
     /// variables hold its credentials; read by the connectors themselves.
     #[serde(default)]
     connectors: toml::Table,
+    /// Where approvals are also asked for (`[approvals.slack]`); read by
+    /// the approvals module.
+    #[serde(default)]
+    approvals: toml::Table,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Registry {
     tools: BTreeMap<String, ToolSpec>,
     connectors: toml::Table,
+    approvals: toml::Table,
     schemas: ArgsSchemas,
 }
 
@@ -568,6 +573,7 @@ impl Registry {
             Ok(Registry {
                 tools,
                 connectors: file.connectors,
+                approvals: file.approvals,
                 schemas,
             })
         } else {
@@ -667,6 +673,11 @@ impl Registry {
     /// The `[connectors]` section of the tools file.
     pub fn connector_settings(&self) -> &toml::Table {
         &self.connectors
+    }
+
+    /// The `[approvals]` section: where else approvals are asked for.
+    pub fn approval_settings(&self) -> &toml::Table {
+        &self.approvals
     }
 
     pub fn tools(&self) -> impl Iterator<Item = &ToolSpec> {

@@ -32,8 +32,14 @@ impl Engine {
             if approval.kind == ApprovalKind::Pivot
                 && approval.expires_at.is_some_and(|at| at <= now)
             {
-                self.decide_pivot(approval.id, &approval.digest, false, &Actor::System)
-                    .await?;
+                self.decide_pivot(
+                    approval.id,
+                    &approval.digest,
+                    false,
+                    &Actor::System,
+                    Via::Harness,
+                )
+                .await?;
                 expired += 1;
             }
         }
@@ -180,8 +186,14 @@ impl Engine {
         for approval in decided_steps {
             let person = Actor::User(approval.decided_by.clone().unwrap_or_default());
             let approve = approval.status == ApprovalStatus::Approved;
-            self.decide_step(approval.id, &approval.digest, approve, &person)
-                .await?;
+            self.decide_step(
+                approval.id,
+                &approval.digest,
+                approve,
+                &person,
+                Via::Harness,
+            )
+            .await?;
         }
         let after = match self.store().run(run_id).await?.map(|r| r.status) {
             Some(RunStatus::Committing) => {

@@ -221,6 +221,30 @@ pub trait SagaStore: Send + Sync + 'static {
     /// Every pending request, oldest first.
     async fn pending_approvals(&self) -> StoreResult<Vec<Approval>>;
 
+    // --- notices: messages telling people an approval waits ---------------
+
+    /// Pending approvals no notice has been written for, oldest first.
+    async fn approvals_without_notice(&self) -> StoreResult<Vec<Approval>>;
+    /// Writes a notice as intended before it is posted; writing the same
+    /// (approval, place) again returns the existing one.
+    async fn record_notice(&self, new: NewNotice) -> StoreResult<Notice>;
+    /// Stores a notice's status, reference, shown digest, done flag and
+    /// error as given.
+    async fn save_notice(&self, notice: &Notice) -> StoreResult<()>;
+    /// Notices not yet showing their approval's final outcome.
+    async fn open_notices(&self) -> StoreResult<Vec<Notice>>;
+    /// The notices of one approval.
+    async fn notices(&self, approval_id: i64) -> StoreResult<Vec<Notice>>;
+    /// Remembers a signed request's signature; `false` when it was seen
+    /// before (a replay). Signatures seen before `forget_before` are
+    /// dropped first: their timestamps are refused anyway.
+    async fn first_sighting(
+        &self,
+        signature: &str,
+        now: chrono::DateTime<chrono::Utc>,
+        forget_before: chrono::DateTime<chrono::Utc>,
+    ) -> StoreResult<bool>;
+
     // --- corrections ------------------------------------------------------
 
     /// Queues a correction; queuing the same (run, step, source) again

@@ -18,6 +18,7 @@ pub const CREDENTIALS: &[(&str, &str)] = &[
     ("ZENDESK_EMAIL", "agent@example.com"),
     ("ZENDESK_API_TOKEN", "zendesk-simulated-token"),
     ("SLACK_BOT_TOKEN", "xoxb-simulated"),
+    ("SLACK_SIGNING_SECRET", "simulated-signing-secret"),
 ];
 
 /// One HTTP simulator: its state (ledger, faults) and its server.

@@ -16,6 +16,7 @@ pub mod credentials;
 pub mod jira;
 pub mod orders;
 pub mod slack;
+pub mod slack_app;
 pub mod smtp;
 pub mod stripe;
 pub mod warehouse;

@@ -1,6 +1,9 @@
-//! A Slack Web API simulator: the four methods the Slack connector calls
-//! (`chat.postMessage`, `chat.delete`, `conversations.history`,
-//! `conversations.list`) under `/api/`, answering the way Slack does.
+//! A Slack Web API simulator: the methods the Slack connector calls
+//! (`chat.postMessage`, `chat.update`, `chat.delete`,
+//! `conversations.history`, `conversations.list`) under `/api/`, answering
+//! the way Slack does, and the app's interactivity (a person pressing a
+//! message's button, sent signed to the app's request URL; see
+//! [`super::slack_app`]).
 //!
 //! Slack reports almost every failure in-band: HTTP 200 with
 //! `{"ok": false, "error": "<code>"}`. Only rate limiting changes the status
@@ -46,6 +49,7 @@ pub fn router(sim: &SimState) -> Router {
     };
     let routes = Router::new()
         .route("/api/chat.postMessage", post(post_message))
+        .route("/api/chat.update", post(update_message))
         .route("/api/chat.delete", post(delete_message))
         .route(
             "/api/conversations.history",
@@ -55,8 +59,8 @@ pub fn router(sim: &SimState) -> Router {
             "/api/conversations.list",
             get(list_channels).post(list_channels_form),
         )
-        .with_state(state);
-    mount(routes, sim, slack_error as ErrorShape)
+        .with_state(state.clone());
+    mount(routes, sim, slack_error as ErrorShape).merge(super::slack_app::router(state))
 }
 
 /// An error in Slack's shape. Slack says "no" in-band (HTTP 200,
@@ -93,9 +97,38 @@ fn refuse(code: &str) -> Response {
 }
 
 #[derive(Clone)]
-struct SlackSim {
-    sim: SimState,
+pub(super) struct SlackSim {
+    pub(super) sim: SimState,
     workspace: Arc<Mutex<Workspace>>,
+}
+
+/// A posted message as a button press sees it.
+pub(super) struct SeenMessage {
+    pub channel_id: &'static str,
+    pub channel_name: &'static str,
+    pub message: Value,
+    /// The blocks as first posted: what a client that has not redrawn
+    /// the message still shows.
+    pub first_blocks: Option<Value>,
+}
+
+impl SlackSim {
+    /// The live message posted with `saga_key` in its metadata.
+    pub(super) fn message_with_key(&self, saga_key: &str) -> Option<SeenMessage> {
+        let workspace = self.workspace.lock().expect("slack workspace lock");
+        workspace.channels.iter().find_map(|channel| {
+            channel
+                .messages
+                .iter()
+                .find(|m| m.saga_key() == Some(saga_key))
+                .map(|m| SeenMessage {
+                    channel_id: channel.id,
+                    channel_name: channel.name,
+                    message: m.to_json(true),
+                    first_blocks: m.first_blocks.clone(),
+                })
+        })
+    }
 }
 
 struct Workspace {
@@ -118,6 +151,11 @@ struct Channel {
 struct StoredMessage {
     ts: String,
     text: String,
+    /// Block Kit layout, as posted or last updated.
+    blocks: Option<Value>,
+    /// When it was last updated (`chat.update`).
+    edited: Option<String>,
+    first_blocks: Option<Value>,
     metadata: Option<Value>,
     /// When it was posted, on the simulator's clock (for search lag).
     posted_at: Duration,
@@ -144,6 +182,12 @@ impl StoredMessage {
         });
         if let (true, Some(metadata)) = (with_metadata, &self.metadata) {
             message["metadata"] = metadata.clone();
+        }
+        if let Some(blocks) = &self.blocks {
+            message["blocks"] = blocks.clone();
+        }
+        if let Some(ts) = &self.edited {
+            message["edited"] = json!({"user": BOT_USER, "ts": ts});
         }
         message
     }
@@ -267,6 +311,28 @@ fn text_arg<'a>(args: &'a Map<String, Value>, name: &str) -> Option<&'a str> {
     args.get(name).and_then(Value::as_str)
 }
 
+/// `blocks` may come as an array (JSON body) or as a JSON string (form);
+/// Slack refuses anything else as `invalid_blocks`.
+fn blocks_arg(args: &Map<String, Value>) -> Result<Option<Value>, Refusal> {
+    let blocks = match args.get("blocks") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(text)) if text.is_empty() => return Ok(None),
+        Some(Value::String(text)) => serde_json::from_str(text).map_err(|_| "invalid_blocks")?,
+        Some(other) => other.clone(),
+    };
+    let well_formed = blocks.as_array().is_some_and(|blocks| {
+        blocks.len() <= 50
+            && blocks
+                .iter()
+                .all(|b| b.get("type").is_some_and(Value::is_string))
+    });
+    if well_formed {
+        Ok(Some(blocks))
+    } else {
+        Err("invalid_blocks")
+    }
+}
+
 /// `metadata` may come as an object (JSON body) or as a JSON string (form).
 fn metadata_arg(args: &Map<String, Value>) -> Result<Option<Value>, Refusal> {
     let metadata = match args.get("metadata") {
@@ -301,6 +367,10 @@ async fn post_message(State(slack): State<SlackSim>, headers: HeaderMap, body: B
         Ok(metadata) => metadata,
         Err(code) => return refuse(code),
     };
+    let blocks = match blocks_arg(&args) {
+        Ok(blocks) => blocks,
+        Err(code) => return refuse(code),
+    };
     let text = text_arg(&args, "text").unwrap_or("").to_owned();
     let mut workspace = slack.workspace.lock().expect("slack workspace lock");
     let ts = workspace.next_ts();
@@ -323,6 +393,9 @@ async fn post_message(State(slack): State<SlackSim>, headers: HeaderMap, body: B
     let message = StoredMessage {
         ts: ts.clone(),
         text,
+        first_blocks: blocks.clone(),
+        blocks,
+        edited: None,
         metadata,
         posted_at: slack.sim.clock.now(),
     };
@@ -337,10 +410,67 @@ async fn post_message(State(slack): State<SlackSim>, headers: HeaderMap, body: B
         "message.posted",
         message.saga_key(),
         &format!("{}:{}", channel.id, ts),
-        json!({"channel": channel.id, "ts": ts, "text": message.text}),
+        json!({"channel": channel.id, "ts": ts, "text": message.text, "blocks": message.blocks}),
     );
     channel.messages.push(message);
     Json(answer).into_response()
+}
+
+/// `chat.update`: rewrites a message's text and blocks, by channel ID and
+/// `ts`, as Slack does (the metadata stays).
+async fn update_message(
+    State(slack): State<SlackSim>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(code) = authorised(&headers) {
+        return refuse(code);
+    }
+    let args = match arguments(&headers, &body) {
+        Ok(args) => args,
+        Err(code) => return refuse(code),
+    };
+    let blocks = match blocks_arg(&args) {
+        Ok(blocks) => blocks,
+        Err(code) => return refuse(code),
+    };
+    let text = text_arg(&args, "text").unwrap_or("").to_owned();
+    if text.trim().is_empty() && blocks.is_none() {
+        return refuse("no_text");
+    }
+    if text.chars().count() > MAX_TEXT_CHARS {
+        return refuse("msg_too_long");
+    }
+    let mut workspace = slack.workspace.lock().expect("slack workspace lock");
+    let edited = workspace.next_ts();
+    let Some(channel) = text_arg(&args, "channel").and_then(|c| workspace.channel_mut(c, false))
+    else {
+        return refuse("channel_not_found");
+    };
+    let ts = text_arg(&args, "ts").unwrap_or("");
+    let Some(message) = channel.messages.iter_mut().find(|m| m.ts == ts) else {
+        return refuse("message_not_found");
+    };
+    message.text = text;
+    if blocks.is_some() {
+        message.blocks = blocks;
+    }
+    message.edited = Some(edited);
+    slack.sim.ledger.record(
+        "slack",
+        "message.updated",
+        message.saga_key(),
+        &format!("{}:{}", channel.id, message.ts),
+        json!({"channel": channel.id, "ts": message.ts, "text": message.text, "blocks": message.blocks}),
+    );
+    Json(json!({
+        "ok": true,
+        "channel": channel.id,
+        "ts": message.ts,
+        "text": message.text,
+        "message": message.to_json(false),
+    }))
+    .into_response()
 }
 
 async fn delete_message(

@@ -340,7 +340,24 @@ macro_rules! saga_store_sql {
             })
         }
 
-        fn event_from(row: &DbRow) -> StoreResult<Event> {
+        fn notice_from(row: &DbRow) -> StoreResult<Notice> {
+            Ok(Notice {
+                approval_id: get(row, "approval_id")?,
+                run_id: parse_uuid("approval_notices.run_id", &text(row, "run_id")?)?,
+                place: text(row, "place")?,
+                idempotency_key: text(row, "idempotency_key")?,
+                channel: text(row, "channel")?,
+                status: parsed(row, "status")?,
+                message_ref: opt_text(row, "message_ref")?,
+                shown: opt_text(row, "shown")?,
+                done: get(row, "done")?,
+                error: opt_text(row, "error")?,
+                created_at: get(row, "created_at")?,
+                updated_at: get(row, "updated_at")?,
+            })
+        }
+
+                fn event_from(row: &DbRow) -> StoreResult<Event> {
             Ok(Event {
                 id: get(row, "id")?,
                 run_id: opt_text(row, "run_id")?
@@ -1406,6 +1423,121 @@ macro_rules! saga_store_sql {
                     .iter()
                     .map(approval_from)
                     .collect()
+            }
+
+            async fn approvals_without_notice(&self) -> StoreResult<Vec<Approval>> {
+                query(
+                    "SELECT a.* FROM approvals a
+                     WHERE a.status = $1
+                       AND NOT EXISTS (SELECT 1 FROM approval_notices n WHERE n.approval_id = a.id)
+                     ORDER BY a.created_at, a.id",
+                )
+                .bind(ApprovalStatus::Pending.as_str())
+                .fetch_all(&mut *self.read_conn().await?)
+                .await
+                .map_err(db)?
+                .iter()
+                .map(approval_from)
+                .collect()
+            }
+
+            async fn record_notice(&self, new: NewNotice) -> StoreResult<Notice> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let now = Utc::now();
+                query(
+                    "INSERT INTO approval_notices (approval_id, place, run_id, idempotency_key, channel,
+                        status, done, created_at, updated_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)
+                     ON CONFLICT (approval_id, place) DO NOTHING",
+                )
+                .bind(new.approval_id)
+                .bind(&new.place)
+                .bind(new.run_id.to_string())
+                .bind(&new.idempotency_key)
+                .bind(&new.channel)
+                .bind(NoticeStatus::Intended.as_str())
+                .bind(false)
+                .bind(now)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| db_error(e, || format!("notice key {}", new.idempotency_key)))?;
+                let row = query("SELECT * FROM approval_notices WHERE approval_id = $1 AND place = $2")
+                    .bind(new.approval_id)
+                    .bind(&new.place)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(db)?;
+                notice_from(&row)
+            }
+
+            async fn save_notice(&self, notice: &Notice) -> StoreResult<()> {
+                let mut conn = self.write(Durability::Durable).await?;
+                query(
+                    "UPDATE approval_notices SET status = $1, message_ref = $2, shown = $3, done = $4,
+                        error = $5, updated_at = $6
+                     WHERE approval_id = $7 AND place = $8",
+                )
+                .bind(notice.status.as_str())
+                .bind(&notice.message_ref)
+                .bind(&notice.shown)
+                .bind(notice.done)
+                .bind(&notice.error)
+                .bind(Utc::now())
+                .bind(notice.approval_id)
+                .bind(&notice.place)
+                .execute(&mut *conn)
+                .await
+                .map_err(db)?;
+                Ok(())
+            }
+
+            async fn open_notices(&self) -> StoreResult<Vec<Notice>> {
+                query("SELECT * FROM approval_notices WHERE done = $1 ORDER BY created_at, approval_id")
+                    .bind(false)
+                    .fetch_all(&mut *self.read_conn().await?)
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(notice_from)
+                    .collect()
+            }
+
+            async fn notices(&self, approval_id: i64) -> StoreResult<Vec<Notice>> {
+                query("SELECT * FROM approval_notices WHERE approval_id = $1 ORDER BY created_at")
+                    .bind(approval_id)
+                    .fetch_all(&mut *self.read_conn().await?)
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(notice_from)
+                    .collect()
+            }
+
+            async fn first_sighting(
+                &self,
+                signature: &str,
+                now: chrono::DateTime<Utc>,
+                forget_before: chrono::DateTime<Utc>,
+            ) -> StoreResult<bool> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                query("DELETE FROM slack_requests WHERE seen_at < $1")
+                    .bind(forget_before)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                let inserted = query(
+                    "INSERT INTO slack_requests (signature, seen_at) VALUES ($1, $2)
+                     ON CONFLICT (signature) DO NOTHING",
+                )
+                .bind(signature)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?
+                .rows_affected();
+                commit(tx).await?;
+                Ok(inserted == 1)
             }
 
             async fn queue_correction(&self, new: NewCorrection, actor: &Actor) -> StoreResult<Correction> {

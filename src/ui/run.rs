@@ -442,7 +442,13 @@ pub async fn decide_pivot(
         Ok(_) => {
             state
                 .engine
-                .decide_pivot(approval, &digest, approve, &person)
+                .decide_pivot(
+                    approval,
+                    &digest,
+                    approve,
+                    &person,
+                    crate::saga::model::Via::Dashboard,
+                )
                 .await
         }
         Err(refused) => Err(refused),
@@ -477,7 +483,13 @@ pub async fn decide_step(
         Ok(_) => {
             state
                 .engine
-                .decide_step(approval, &digest, approve, &person)
+                .decide_step(
+                    approval,
+                    &digest,
+                    approve,
+                    &person,
+                    crate::saga::model::Via::Dashboard,
+                )
                 .await
         }
         Err(refused) => Err(refused),

@@ -213,6 +213,30 @@ impl SagaStore for CrashingStore {
     async fn pending_approvals(&self) -> StoreResult<Vec<Approval>> {
         self.inner.pending_approvals().await
     }
+    async fn approvals_without_notice(&self) -> StoreResult<Vec<Approval>> {
+        self.inner.approvals_without_notice().await
+    }
+    async fn record_notice(&self, new: NewNotice) -> StoreResult<Notice> {
+        self.write(self.inner.record_notice(new)).await
+    }
+    async fn save_notice(&self, notice: &Notice) -> StoreResult<()> {
+        self.write(self.inner.save_notice(notice)).await
+    }
+    async fn open_notices(&self) -> StoreResult<Vec<Notice>> {
+        self.inner.open_notices().await
+    }
+    async fn notices(&self, approval_id: i64) -> StoreResult<Vec<Notice>> {
+        self.inner.notices(approval_id).await
+    }
+    async fn first_sighting(
+        &self,
+        signature: &str,
+        now: chrono::DateTime<chrono::Utc>,
+        forget_before: chrono::DateTime<chrono::Utc>,
+    ) -> StoreResult<bool> {
+        self.write(self.inner.first_sighting(signature, now, forget_before))
+            .await
+    }
     async fn queue_correction(&self, new: NewCorrection, actor: &Actor) -> StoreResult<Correction> {
         self.write(self.inner.queue_correction(new, actor)).await
     }

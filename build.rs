@@ -1,0 +1,4 @@
+fn main() {
+    // The migrations are embedded at compile time: a new file must rebuild.
+    println!("cargo:rerun-if-changed=migrations");
+}

@@ -1,0 +1,156 @@
+//! Approvals where support leads already are: a waiting pivot or held step
+//! is posted to a Slack channel with Approve and Reject buttons, a press
+//! comes back signed to `POST /slack/interactions`, and the message is
+//! rewritten in place once the approval is decided, from Slack or from the
+//! dashboard.
+//!
+//! ```toml
+//! [approvals.slack]
+//! channel = "#support"                        # where waiting approvals are posted
+//! signing_secret_env = "SLACK_SIGNING_SECRET" # the app's signing secret
+//! dashboard_url = "https://saga.example.com"  # optional: for the run page link
+//! [approvals.slack.users]                     # Slack user ID → dashboard user
+//! U0123LEAD = "lead"
+//! ```
+//!
+//! Posting uses the `[connectors.slack]` connector (its bot token). Only a
+//! Slack user the map names, whose dashboard user is an approver or an
+//! admin, can decide; anyone else is told so privately.
+
+pub mod interactions;
+pub mod message;
+pub mod notifier;
+
+use crate::connectors::slack::SlackConnector;
+use crate::connectors::wire::{self, Wire};
+use crate::saga::registry::Registry;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settings {
+    channel: String,
+    signing_secret_env: String,
+    dashboard_url: Option<String>,
+    #[serde(default)]
+    users: BTreeMap<String, String>,
+}
+
+/// Slack approvals as the tools file configures them.
+pub struct SlackApprovals {
+    pub channel: String,
+    signing_secret: String,
+    /// Slack user ID → dashboard username.
+    users: BTreeMap<String, String>,
+    /// Where the dashboard is reached, for links to a run's page.
+    pub dashboard_url: String,
+    pub slack: SlackConnector,
+    /// Wakes the notifier at once after a decision made here.
+    pub nudged: tokio::sync::Notify,
+}
+
+impl fmt::Debug for SlackApprovals {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlackApprovals")
+            .field("channel", &self.channel)
+            .field("signing_secret", &"<hidden>")
+            .field("users", &self.users)
+            .field("dashboard_url", &self.dashboard_url)
+            .finish()
+    }
+}
+
+impl SlackApprovals {
+    /// Reads `[approvals.slack]`; `None` when the file has none. Every
+    /// mistake is reported at once.
+    pub fn from_registry(
+        registry: &Registry,
+        wire: &Wire,
+        dashboard_url: &str,
+    ) -> Result<Option<Arc<SlackApprovals>>, Vec<String>> {
+        let mut sections = registry.approval_settings().clone();
+        let Some(slack) = sections.remove("slack") else {
+            return match sections.keys().next() {
+                Some(other) => Err(vec![format!(
+                    "approvals: `{other}` is not a place this build can ask for approvals (slack)"
+                )]),
+                None => Ok(None),
+            };
+        };
+        if let Some(other) = sections.keys().next() {
+            return Err(vec![format!(
+                "approvals: `{other}` is not a place this build can ask for approvals (slack)"
+            )]);
+        }
+        let settings: Settings = slack.try_into().map_err(|e: toml::de::Error| {
+            vec![format!("approvals.slack: {}", e.to_string().trim())]
+        })?;
+        let mut mistakes = Vec::new();
+        if settings.channel.trim().is_empty() {
+            mistakes.push("approvals.slack, field `channel`: name the channel to post to".into());
+        }
+        let signing_secret = wire::secret_from_env(
+            "approvals.slack",
+            "signing_secret_env",
+            &settings.signing_secret_env,
+        )
+        .map_err(|e| mistakes.push(e))
+        .unwrap_or_default();
+        let connector = match registry
+            .connector_settings()
+            .get("slack")
+            .and_then(|t| t.as_table())
+        {
+            Some(table) => SlackConnector::from_settings(table, wire.clone())
+                .map_err(|found| mistakes.extend(found))
+                .ok(),
+            None => {
+                mistakes.push(
+                    "approvals.slack: posts through the Slack connector; add [connectors.slack]"
+                        .into(),
+                );
+                None
+            }
+        };
+        for (slack_user, username) in &settings.users {
+            if username.trim().is_empty() {
+                mistakes.push(format!(
+                    "approvals.slack.users, `{slack_user}`: name the dashboard user"
+                ));
+            }
+        }
+        let dashboard_url = settings
+            .dashboard_url
+            .unwrap_or_else(|| dashboard_url.to_owned())
+            .trim_end_matches('/')
+            .to_owned();
+        match (connector, mistakes.is_empty()) {
+            (Some(slack), true) => Ok(Some(Arc::new(SlackApprovals {
+                channel: settings.channel,
+                signing_secret,
+                users: settings.users,
+                dashboard_url,
+                slack,
+                nudged: tokio::sync::Notify::new(),
+            }))),
+            _ => Err(mistakes),
+        }
+    }
+
+    pub fn signing_secret(&self) -> &str {
+        &self.signing_secret
+    }
+
+    /// The dashboard user a Slack user acts as, if the map names one.
+    pub fn dashboard_user(&self, slack_user: &str) -> Option<&str> {
+        self.users.get(slack_user).map(String::as_str)
+    }
+
+    /// The link to a run's page.
+    pub fn run_url(&self, run_id: uuid::Uuid) -> String {
+        format!("{}/runs/{run_id}", self.dashboard_url)
+    }
+}

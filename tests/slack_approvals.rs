@@ -1,0 +1,491 @@
+//! Approvals in Slack, against the Slack simulator: a waiting pivot is
+//! posted once, with its calls in words and two buttons; a press comes back
+//! signed and is refused unless fresh, new and Slack's; only a mapped
+//! approver decides; a button from a replaced plan decides nothing; and the
+//! message is rewritten in place after a decision, from Slack or from the
+//! dashboard. What is checked is what people see: the channel's messages,
+//! the private answers, the mailbox, the audit trail.
+
+mod common;
+
+use common::process::{provision, tools_file, Dashboard, PASSWORD};
+use saga_harness::config::{DatabaseArgs, ServeArgs};
+use saga_harness::connectors::slack::request_signature;
+use saga_harness::demo::ScriptedAgent;
+use saga_harness::saga::key::notice_key;
+use saga_harness::saga::model::NoticeStatus;
+use saga_harness::server::{AppState, Application};
+use saga_harness::sim::bundle::{use_simulated_credentials, Simulators};
+use saga_harness::sim::{Effect, Fault as SimFault, FaultRule};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+const AGENT: &str = "support-bot";
+const SECRET_ENV: &str = "SAGA_TEST_SLACK_SIGNING_SECRET";
+const SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
+const LEAD: &str = "U0LEAD0001";
+const VIEWER: &str = "U0VIEW0001";
+const STRANGER: &str = "U0NOBODY01";
+
+struct Setup {
+    sims: Simulators,
+    state: AppState,
+    base: String,
+    agent: ScriptedAgent,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+    _db: common::TestDb,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn setup(db: common::TestDb) -> Setup {
+    use_simulated_credentials();
+    std::env::set_var(SECRET_ENV, SECRET);
+    let sims = Simulators::start([127, 0, 0, 1].into(), 0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = tools_file(&sims, dir.path(), 0);
+    let mut file: toml::Table = toml::from_str(&std::fs::read_to_string(&tools).unwrap()).unwrap();
+    let approvals: toml::Table = toml::from_str(&format!(
+        r##"
+        [slack]
+        channel = "#support"
+        signing_secret_env = "{SECRET_ENV}"
+        [slack.users]
+        {LEAD} = "lead"
+        {VIEWER} = "viewer"
+        "##
+    ))
+    .unwrap();
+    file.insert("approvals".into(), toml::Value::Table(approvals));
+    std::fs::write(&tools, toml::to_string(&file).unwrap()).unwrap();
+    let token = provision(
+        &db.url,
+        AGENT,
+        &[("lead", "approver"), ("viewer", "viewer")],
+    )
+    .await;
+    let app = Application::build(ServeArgs {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        database: DatabaseArgs {
+            database_url: db.url.clone(),
+            store: db.settings(),
+        },
+        tools: Some(tools),
+        secure_cookies: false,
+        limits: Default::default(),
+        operations: Default::default(),
+    })
+    .await
+    .unwrap();
+    let base = format!("http://{}", app.local_addr());
+    let state = app.state().clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    tokio::spawn(app.serve(async {
+        let _ = stopped.await;
+    }));
+    let http = reqwest::Client::new();
+    let configured = http
+        .post(format!("{}/_sim/slack/app", sims.slack.base_url()))
+        .json(
+            &json!({"request_url": format!("{base}/slack/interactions"), "signing_secret": SECRET}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(configured.status().is_success());
+    Setup {
+        agent: ScriptedAgent::new(&format!("{base}/api/v1"), &token),
+        sims,
+        state,
+        base,
+        http,
+        _dir: dir,
+        _db: db,
+        _stop: stop,
+    }
+}
+
+/// Waits for `check` to give something, for at most 20 s.
+async fn until<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Setup {
+    fn slack(&self, action: &str, key: &str) -> Vec<Effect> {
+        self.sims
+            .slack
+            .ledger()
+            .of(action)
+            .into_iter()
+            .filter(|e| e.key.as_deref() == Some(key))
+            .collect()
+    }
+
+    /// A run waiting at a pivot whose one commit step emails Grace; its
+    /// id, the pivot's approval id and the key of its Slack message.
+    async fn waiting_pivot(&self, label: &str) -> (Uuid, i64, String) {
+        let run = self
+            .agent
+            .start_run(label, "Tell Grace her lamp ships")
+            .await
+            .unwrap();
+        self.agent
+            .act(&run, "create_email_draft", json!({"to": "grace@example.com", "subject": "Your lamp", "body": "A new lamp ships today."}))
+            .await
+            .unwrap();
+        self.propose(&run, "Tell Grace her new lamp ships today")
+            .await
+    }
+
+    async fn propose(&self, run: &str, summary: &str) -> (Uuid, i64, String) {
+        let pivot = self
+            .agent
+            .pivot(run, summary, json!([
+                {"tool": "send_email", "args": {"to": "grace@example.com", "subject": "Your lamp", "body": "A new lamp ships today."}}
+            ]))
+            .await
+            .unwrap();
+        let run: Uuid = run.parse().unwrap();
+        let approval = pivot["approval_id"].as_i64().unwrap();
+        (run, approval, notice_key(run, approval, "primary"))
+    }
+
+    /// The message posted with `key`, once it is.
+    async fn posted(&self, key: &str) -> Value {
+        until("the approval's Slack post", || async {
+            self.slack("message.posted", key)
+                .first()
+                .map(|e| e.detail.clone())
+        })
+        .await
+    }
+
+    /// The message as last updated, once an update says `wanted`.
+    async fn updated_to_say(&self, key: &str, wanted: &str) -> Value {
+        until(&format!("the Slack message to say {wanted:?}"), || async {
+            self.slack("message.updated", key)
+                .last()
+                .map(|e| e.detail.clone())
+                .filter(|d| d.to_string().contains(wanted))
+        })
+        .await
+    }
+
+    /// Presses a button of the message posted with `key`, as `user`.
+    async fn press(&self, key: &str, action_id: &str, user: &str) -> Value {
+        let answer: Value = self
+            .http
+            .post(format!("{}/_sim/slack/press", self.sims.slack.base_url()))
+            .json(&json!({"saga_key": key, "action_id": action_id, "user_id": user}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(answer["status"], 200, "{answer}");
+        answer
+    }
+
+    /// The private answer the harness gave `user`, once it did.
+    async fn told(&self, user: &str) -> String {
+        until(&format!("a private answer to {user}"), || async {
+            let responses: Vec<Value> = self
+                .http
+                .get(format!(
+                    "{}/_sim/slack/responses",
+                    self.sims.slack.base_url()
+                ))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            responses.iter().rev().find(|r| r["user"] == user).map(|r| {
+                assert_eq!(r["body"]["response_type"], "ephemeral", "{r}");
+                r["body"]["text"].as_str().unwrap_or_default().to_owned()
+            })
+        })
+        .await
+    }
+
+    async fn run_status(&self, run: Uuid) -> String {
+        let run = self.state.store.run(run).await.unwrap().unwrap();
+        run.status.as_str().to_owned()
+    }
+
+    fn emails_to_grace(&self) -> usize {
+        self.sims
+            .smtp
+            .ledger()
+            .of("email.received")
+            .iter()
+            .filter(|e| e.detail.to_string().contains("grace@example.com"))
+            .count()
+    }
+}
+
+fn button_labels(message: &Value) -> Vec<String> {
+    message["blocks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["type"] == "actions")
+        .flat_map(|b| b["elements"].as_array().cloned().unwrap_or_default())
+        .map(|e| e["text"]["text"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+async fn a_waiting_pivot_is_posted_once_and_a_lead_approves_it_from_slack(db: common::TestDb) {
+    let s = setup(db).await;
+    let (run, _, key) = s.waiting_pivot("slack-approve").await;
+    let message = s.posted(&key).await;
+    assert_eq!(message["channel"], "C0SUPPORT1", "{message}");
+    let text = message["blocks"].to_string();
+    assert!(
+        text.contains("Tell Grace her new lamp ships today"),
+        "{text}"
+    );
+    assert!(
+        text.contains("grace@example.com"),
+        "the call in words: {text}"
+    );
+    assert!(
+        text.contains(&format!("{}/runs/{run}", s.base)),
+        "the run link: {text}"
+    );
+    assert_eq!(button_labels(&message), ["Approve", "Reject"]);
+
+    // Neither someone Slack knows but the map does not, nor a viewer, decides.
+    s.press(&key, "saga_approve", STRANGER).await;
+    assert!(s.told(STRANGER).await.contains("You cannot approve this"));
+    s.press(&key, "saga_approve", VIEWER).await;
+    let told = s.told(VIEWER).await;
+    assert!(
+        told.contains("You cannot approve this") && told.contains("viewer is a viewer"),
+        "{told}"
+    );
+    assert_eq!(s.run_status(run).await, "AWAITING_APPROVAL");
+    assert_eq!(s.emails_to_grace(), 0);
+
+    s.press(&key, "saga_approve", LEAD).await;
+    let updated = s
+        .updated_to_say(&key, "Commit: 1 of 1 steps confirmed")
+        .await;
+    let shown = updated["blocks"].to_string();
+    assert!(
+        shown.contains("Approved") && shown.contains("*lead*"),
+        "{shown}"
+    );
+    assert!(shown.contains("decided in Slack"), "{shown}");
+    assert!(
+        button_labels(&updated).is_empty(),
+        "no buttons once decided: {shown}"
+    );
+    assert_eq!(s.run_status(run).await, "COMPLETED");
+    assert_eq!(s.emails_to_grace(), 1);
+    assert_eq!(s.slack("message.posted", &key).len(), 1, "posted once");
+
+    let events = s.state.store.events(Some(run), 100).await.unwrap();
+    let decision = events
+        .iter()
+        .find(|e| e.entity == "approval" && e.to_status.as_deref() == Some("approved"))
+        .expect("the approval's audit line");
+    assert_eq!(decision.actor, "user:lead");
+    assert_eq!(decision.detail.as_deref(), Some("decided in Slack"));
+}
+
+#[tokio::test]
+async fn sqlite_a_waiting_pivot_is_posted_once_and_a_lead_approves_it_from_slack() {
+    a_waiting_pivot_is_posted_once_and_a_lead_approves_it_from_slack(common::sqlite()).await;
+}
+
+#[tokio::test]
+async fn postgres_a_waiting_pivot_is_posted_once_and_a_lead_approves_it_from_slack() {
+    let Some(db) = common::postgres().await else {
+        return;
+    };
+    a_waiting_pivot_is_posted_once_and_a_lead_approves_it_from_slack(db).await;
+}
+
+/// A signed press, as Slack would send it, for a button of approval 999.
+fn press_body() -> String {
+    let payload = json!({
+        "type": "block_actions",
+        "user": {"id": LEAD},
+        "actions": [{"action_id": "saga_approve", "value": "999:0000", "type": "button"}],
+    });
+    format!(
+        "payload={}",
+        percent_encoding::utf8_percent_encode(
+            &payload.to_string(),
+            percent_encoding::NON_ALPHANUMERIC
+        )
+    )
+}
+
+#[tokio::test]
+async fn slack_requests_are_refused_unless_signed_fresh_and_new() {
+    let s = setup(common::sqlite()).await;
+    let url = format!("{}/slack/interactions", s.base);
+    let send = |timestamp: String, signature: Option<String>, body: String| {
+        let mut request = s
+            .http
+            .post(&url)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("x-slack-request-timestamp", timestamp)
+            .body(body);
+        if let Some(signature) = signature {
+            request = request.header("x-slack-signature", signature);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    let now = chrono::Utc::now().timestamp().to_string();
+    let body = press_body();
+    assert_eq!(send(now.clone(), None, body.clone()).await, 401, "unsigned");
+    let wrong = request_signature("not the signing secret", &now, body.as_bytes());
+    assert_eq!(
+        send(now.clone(), Some(wrong), body.clone()).await,
+        401,
+        "wrong secret"
+    );
+    let old = (chrono::Utc::now().timestamp() - 6 * 60).to_string();
+    let signed_old = request_signature(SECRET, &old, body.as_bytes());
+    assert_eq!(
+        send(old, Some(signed_old), body.clone()).await,
+        401,
+        "too old"
+    );
+    let tampered = request_signature(SECRET, &now, body.as_bytes());
+    let other_body = body.replace("999", "998");
+    assert_eq!(
+        send(now.clone(), Some(tampered.clone()), other_body).await,
+        401,
+        "another body"
+    );
+    assert_eq!(
+        send(now.clone(), Some(tampered.clone()), body.clone()).await,
+        200,
+        "Slack's own"
+    );
+    assert_eq!(
+        send(now, Some(tampered), body).await,
+        401,
+        "the same request again"
+    );
+}
+
+async fn a_button_from_a_replaced_plan_decides_nothing_and_its_message_says_so(db: common::TestDb) {
+    let s = setup(db).await;
+    let (run, first, first_key) = s.waiting_pivot("slack-replaced").await;
+    s.posted(&first_key).await;
+    let (_, second, second_key) = s
+        .propose(&run.to_string(), "Tell Grace the lamp ships tomorrow")
+        .await;
+    assert_ne!(first, second);
+    let replaced = s.updated_to_say(&first_key, "Replaced").await;
+    assert!(button_labels(&replaced).is_empty(), "{replaced}");
+    let new = s.posted(&second_key).await;
+    assert_eq!(button_labels(&new), ["Approve", "Reject"]);
+
+    // A client that has not redrawn the old message still shows its buttons.
+    let answer: Value = s
+        .http
+        .post(format!("{}/_sim/slack/press", s.sims.slack.base_url()))
+        .json(&json!({"saga_key": first_key, "action_id": "saga_approve", "user_id": LEAD, "stale": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["status"], 200, "{answer}");
+    let told = s.told(LEAD).await;
+    assert!(told.contains("The plan was replaced"), "{told}");
+    assert_eq!(s.run_status(run).await, "AWAITING_APPROVAL");
+    assert_eq!(s.emails_to_grace(), 0);
+    let second_approval = s.state.store.approval(second).await.unwrap().unwrap();
+    assert_eq!(second_approval.status.as_str(), "pending");
+}
+
+#[tokio::test]
+async fn sqlite_a_button_from_a_replaced_plan_decides_nothing_and_its_message_says_so() {
+    a_button_from_a_replaced_plan_decides_nothing_and_its_message_says_so(common::sqlite()).await;
+}
+
+#[tokio::test]
+async fn a_dashboard_approval_rewrites_the_slack_message() {
+    let s = setup(common::sqlite()).await;
+    let (run, approval, key) = s.waiting_pivot("slack-dashboard").await;
+    s.posted(&key).await;
+    let lead = Dashboard::new();
+    lead.sign_in(&s.base, "lead", PASSWORD).await;
+    let digest = s
+        .state
+        .store
+        .approval(approval)
+        .await
+        .unwrap()
+        .unwrap()
+        .digest;
+    lead.post(
+        &s.base,
+        "decide_pivot",
+        &[
+            ("run", &run.to_string()),
+            ("approval", &approval.to_string()),
+            ("digest", &digest),
+            ("decision", "approve"),
+        ],
+    )
+    .await
+    .unwrap();
+    let updated = s.updated_to_say(&key, "decided in the dashboard").await;
+    let shown = updated["blocks"].to_string();
+    assert!(
+        shown.contains("Approved") && shown.contains("*lead*"),
+        "{shown}"
+    );
+    s.updated_to_say(&key, "Commit: 1 of 1 steps confirmed")
+        .await;
+    assert_eq!(s.emails_to_grace(), 1);
+    assert_eq!(s.slack("message.posted", &key).len(), 1);
+}
+
+#[tokio::test]
+async fn a_post_whose_answer_was_lost_is_found_by_its_key_not_posted_again() {
+    let s = setup(common::sqlite()).await;
+    // Slack posts the message, then the gateway answers 504.
+    s.sims.slack.state.faults.inject(FaultRule::new(
+        "POST",
+        "/api/chat.postMessage",
+        SimFault::CommitThen504,
+    ));
+    let (_, approval, key) = s.waiting_pivot("slack-lost-answer").await;
+    s.posted(&key).await;
+    let notice = until("the notice to be settled by its lookup", || async {
+        let notices = s.state.store.notices(approval).await.unwrap();
+        notices
+            .into_iter()
+            .find(|n| n.status == NoticeStatus::Posted)
+    })
+    .await;
+    let posted = &s.slack("message.posted", &key)[0];
+    assert_eq!(notice.message_ref.as_deref(), Some(posted.object.as_str()));
+    // A few more rounds: still the one message.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(s.slack("message.posted", &key).len(), 1);
+}
