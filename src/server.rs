@@ -237,19 +237,26 @@ impl Application {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
-        // While serving: pivots left pending past their authorisations'
-        // deadline are rejected, and unknowns nobody came back for are
-        // looked up (R7), not only at the next start.
+        // While serving: approvals left pending past their deadline
+        // expire, and unknowns nobody came back for are looked up (R7), not
+        // only at the next start.
         let engine = self.state.engine.clone();
         let sign_ins = self.state.sign_ins.clone();
+        let expiring = self.state.engine.clone();
+        let expirer = tokio::spawn(async move {
+            let mut every = tokio::time::interval(EXPIRE_EVERY);
+            loop {
+                every.tick().await;
+                if let Err(err) = expiring.expire_approvals().await {
+                    tracing::error!(%err, "expiring approvals past their deadline");
+                }
+            }
+        });
         let sweeper = tokio::spawn(async move {
             let mut every = tokio::time::interval(SWEEP_EVERY);
             loop {
                 every.tick().await;
                 sign_ins.forget_old();
-                if let Err(err) = engine.expire_pivots().await {
-                    tracing::error!(%err, "expiring pivots");
-                }
                 match engine.reconcile_stale(STALE_AFTER).await {
                     Ok(0) => {}
                     Ok(settled) => tracing::info!(settled, "reconciled steps left unknown"),
@@ -295,6 +302,7 @@ impl Application {
             .await
             .map_err(ServerError::Serve);
         sweeper.abort();
+        expirer.abort();
         recorder.abort();
         if let Some(notifier) = notifier {
             notifier.abort();
@@ -327,6 +335,9 @@ async fn record_each_minute(state: AppState) {
 
 /// How often the server sweeps for expired pivots and stale unknowns.
 const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
+/// How often approvals are checked against their deadlines: a deadline is
+/// kept to the second.
+const EXPIRE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a step may stay unknown before the sweep looks it up (the
 /// agent's own re-send usually settles it sooner).

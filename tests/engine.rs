@@ -1977,7 +1977,7 @@ async fn r9_a_pivot_left_pending_past_the_authorisations_is_rejected(s: Setup) {
         .await
         .unwrap();
     let report = s.restarted().resume().await.unwrap();
-    assert_eq!(report.expired_pivots, 1);
+    assert_eq!(report.expired_approvals, 1);
     assert_eq!(
         s.store.approval(stale.id).await.unwrap().unwrap().status,
         ApprovalStatus::Expired

@@ -383,7 +383,7 @@ async fn unwinds_compensations_corrections_and_expired_approvals_move_their_metr
         )
         .await
         .unwrap();
-    assert_eq!(ops.engine.expire_pivots().await.unwrap(), 1);
+    assert_eq!(ops.engine.expire_approvals().await.unwrap(), 1);
     let scrape = ops.scrape().await;
     assert_eq!(
         scrape.value("saga_approvals_expired_total", &[("kind", "pivot")]),

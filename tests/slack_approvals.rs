@@ -33,6 +33,7 @@ struct Setup {
     state: AppState,
     base: String,
     agent: ScriptedAgent,
+    token: String,
     http: reqwest::Client,
     _dir: tempfile::TempDir,
     _db: common::TestDb,
@@ -40,6 +41,12 @@ struct Setup {
 }
 
 async fn setup(db: common::TestDb) -> Setup {
+    setup_with(db, "", "").await
+}
+
+/// `policy`: `[approvals]` settings (deadline, escalate_after);
+/// `slack`: more `[approvals.slack]` settings.
+async fn setup_with(db: common::TestDb, policy: &str, slack: &str) -> Setup {
     use_simulated_credentials();
     std::env::set_var(SECRET_ENV, SECRET);
     let sims = Simulators::start([127, 0, 0, 1].into(), 0).await.unwrap();
@@ -48,9 +55,11 @@ async fn setup(db: common::TestDb) -> Setup {
     let mut file: toml::Table = toml::from_str(&std::fs::read_to_string(&tools).unwrap()).unwrap();
     let approvals: toml::Table = toml::from_str(&format!(
         r##"
+        {policy}
         [slack]
         channel = "#support"
         signing_secret_env = "{SECRET_ENV}"
+        {slack}
         [slack.users]
         {LEAD} = "lead"
         {VIEWER} = "viewer"
@@ -96,6 +105,7 @@ async fn setup(db: common::TestDb) -> Setup {
     assert!(configured.status().is_success());
     Setup {
         agent: ScriptedAgent::new(&format!("{base}/api/v1"), &token),
+        token,
         sims,
         state,
         base,
@@ -123,6 +133,10 @@ where
 }
 
 impl Setup {
+    fn agent_token(&self) -> &str {
+        &self.token
+    }
+
     fn slack(&self, action: &str, key: &str) -> Vec<Effect> {
         self.sims
             .slack
@@ -488,4 +502,115 @@ async fn a_post_whose_answer_was_lost_is_found_by_its_key_not_posted_again() {
     // A few more rounds: still the one message.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert_eq!(s.slack("message.posted", &key).len(), 1);
+}
+
+#[tokio::test]
+async fn a_held_step_nobody_decides_expires_as_its_own_outcome_never_a_rejection() {
+    let s = setup_with(common::sqlite(), r#"deadline = "5s""#, "").await;
+    let run = s
+        .agent
+        .start_run("slack-expiry", "Tell Grace her lamp ships")
+        .await
+        .unwrap();
+    let email = json!({"to": "grace@example.com", "subject": "Your lamp", "body": "A new lamp ships today."});
+    let held = s.agent.act(&run, "send_email", email).await.unwrap();
+    assert_eq!(held["outcome"], "awaiting_approval", "{held}");
+    let step = held["step"].as_i64().unwrap();
+    let approval = s.state.store.pending_approvals().await.unwrap()[0].clone();
+    assert!(
+        approval.expires_at.is_some(),
+        "the tools file's deadline applies"
+    );
+    let key = notice_key(approval.run_id, approval.id, "primary");
+    let posted = s.posted(&key).await;
+    assert!(
+        posted["blocks"].to_string().contains("decide by"),
+        "{posted}"
+    );
+    let lead = Dashboard::new();
+    lead.sign_in(&s.base, "lead", PASSWORD).await;
+    let page = lead.page(&s.base, &format!("/runs/{run}")).await;
+    assert!(
+        page.contains("if nobody decides"),
+        "the deadline on the run page"
+    );
+
+    let expired = s.updated_to_say(&key, "Expired").await;
+    assert!(button_labels(&expired).is_empty(), "{expired}");
+    let decided = s.state.store.approval(approval.id).await.unwrap().unwrap();
+    assert_eq!(decided.status.as_str(), "expired");
+    assert_eq!(decided.decided_by.as_deref(), Some("system"));
+    // The agent reads it again: expired, and nobody said no.
+    let read = s
+        .http
+        .post(format!("{}/api/v1/runs/{run}/calls", s.base))
+        .bearer_auth(s.agent_token())
+        .json(&json!({"tool": "send_email", "args": {"to": "grace@example.com", "subject": "Your lamp", "body": "A new lamp ships today."}, "step": step}))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    let message = read["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("expired: nobody decided"), "{read}");
+    assert!(!message.contains("a person rejected"), "{read}");
+    assert_eq!(s.emails_to_grace(), 0);
+}
+
+#[tokio::test]
+async fn an_approval_nobody_decides_is_escalated_once_to_the_second_channel() {
+    let s = setup_with(
+        common::sqlite(),
+        r#"escalate_after = "1s""#,
+        r##"escalate_channel = "#alerts""##,
+    )
+    .await;
+    let (_, approval, key) = s.waiting_pivot("slack-escalation").await;
+    let first = s.posted(&key).await;
+    assert_eq!(first["channel"], "C0SUPPORT1");
+    let run = s
+        .state
+        .store
+        .approval(approval)
+        .await
+        .unwrap()
+        .unwrap()
+        .run_id;
+    let escalation = notice_key(run, approval, "escalation");
+    let second = s.posted(&escalation).await;
+    assert_eq!(second["channel"], "C0ALERTS01", "{second}");
+    assert!(
+        second["blocks"].to_string().contains("Escalated"),
+        "{second}"
+    );
+    assert_eq!(button_labels(&second), ["Approve", "Reject"]);
+    // The run page says where the approval was asked for.
+    let lead = Dashboard::new();
+    lead.sign_in(&s.base, "lead", PASSWORD).await;
+    let page = until("the run page to show the escalation", || async {
+        let page = lead.page(&s.base, &format!("/runs/{run}")).await;
+        page.contains("escalated to #alerts in Slack")
+            .then_some(page)
+    })
+    .await;
+    assert!(page.contains("posted to #support in Slack"), "{page}");
+
+    // Decided from the escalation: both messages say so, each posted once.
+    s.press(&escalation, "saga_approve", LEAD).await;
+    s.updated_to_say(&escalation, "Commit: 1 of 1 steps confirmed")
+        .await;
+    s.updated_to_say(&key, "Commit: 1 of 1 steps confirmed")
+        .await;
+    assert_eq!(s.slack("message.posted", &key).len(), 1);
+    assert_eq!(s.slack("message.posted", &escalation).len(), 1);
+    assert_eq!(s.emails_to_grace(), 1);
+    let events = s.state.store.events(Some(run), 100).await.unwrap();
+    assert!(
+        events.iter().any(|e| e
+            .detail
+            .as_deref()
+            .is_some_and(|d| d.contains("escalated to #alerts"))),
+        "the escalation is in the audit trail"
+    );
 }

@@ -25,6 +25,8 @@ pub struct Facts<'a> {
     /// ("2 of 2 commit steps confirmed; the run is completed").
     pub outcome: Option<String>,
     pub run_url: String,
+    /// The message to the escalation channel: nobody decided in time.
+    pub escalated: bool,
 }
 
 /// A message ready to post or to rewrite a posted one with.
@@ -110,9 +112,11 @@ pub fn render(facts: &Facts<'_>) -> Shown {
     let approval = facts.approval;
     let run = facts.run;
     let label = run.label.clone().unwrap_or_else(|| run.id.to_string());
-    let what = match approval.kind {
-        ApprovalKind::Pivot => "Pivot waiting for approval",
-        ApprovalKind::Step => "Held step waiting for approval",
+    let what = match (approval.kind, facts.escalated) {
+        (ApprovalKind::Pivot, false) => "Pivot waiting for approval",
+        (ApprovalKind::Step, false) => "Held step waiting for approval",
+        (ApprovalKind::Pivot, true) => "Escalated: a pivot still waits for approval",
+        (ApprovalKind::Step, true) => "Escalated: a held step still waits for approval",
     };
     let mut blocks = vec![
         json!({"type": "header", "text": {"type": "plain_text", "text": shorten(what, 150)}}),

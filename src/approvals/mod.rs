@@ -7,6 +7,7 @@
 //! ```toml
 //! [approvals.slack]
 //! channel = "#support"                        # where waiting approvals are posted
+//! escalate_channel = "#support-leads"        # optional: after [approvals] escalate_after
 //! signing_secret_env = "SLACK_SIGNING_SECRET" # the app's signing secret
 //! dashboard_url = "https://saga.example.com"  # optional: for the run page link
 //! [approvals.slack.users]                     # Slack user ID → dashboard user
@@ -33,6 +34,9 @@ use std::sync::Arc;
 #[serde(deny_unknown_fields)]
 struct Settings {
     channel: String,
+    /// Where a waiting approval is posted again after `[approvals]
+    /// escalate_after`.
+    escalate_channel: Option<String>,
     signing_secret_env: String,
     dashboard_url: Option<String>,
     #[serde(default)]
@@ -42,6 +46,7 @@ struct Settings {
 /// Slack approvals as the tools file configures them.
 pub struct SlackApprovals {
     pub channel: String,
+    pub escalate_channel: Option<String>,
     signing_secret: String,
     /// Slack user ID → dashboard username.
     users: BTreeMap<String, String>,
@@ -71,20 +76,10 @@ impl SlackApprovals {
         wire: &Wire,
         dashboard_url: &str,
     ) -> Result<Option<Arc<SlackApprovals>>, Vec<String>> {
-        let mut sections = registry.approval_settings().clone();
-        let Some(slack) = sections.remove("slack") else {
-            return match sections.keys().next() {
-                Some(other) => Err(vec![format!(
-                    "approvals: `{other}` is not a place this build can ask for approvals (slack)"
-                )]),
-                None => Ok(None),
-            };
+        // The section's other settings are the registry's (deadlines).
+        let Some(slack) = registry.approval_settings().get("slack").cloned() else {
+            return Ok(None);
         };
-        if let Some(other) = sections.keys().next() {
-            return Err(vec![format!(
-                "approvals: `{other}` is not a place this build can ask for approvals (slack)"
-            )]);
-        }
         let settings: Settings = slack.try_into().map_err(|e: toml::de::Error| {
             vec![format!("approvals.slack: {}", e.to_string().trim())]
         })?;
@@ -115,6 +110,13 @@ impl SlackApprovals {
                 None
             }
         };
+        let escalates = registry.approval_policy().escalate_after.is_some();
+        if escalates && settings.escalate_channel.is_none() {
+            mistakes.push(
+                "approvals.slack: [approvals] escalate_after is set; name the channel to escalate to (escalate_channel)"
+                    .into(),
+            );
+        }
         for (slack_user, username) in &settings.users {
             if username.trim().is_empty() {
                 mistakes.push(format!(
@@ -130,6 +132,7 @@ impl SlackApprovals {
         match (connector, mistakes.is_empty()) {
             (Some(slack), true) => Ok(Some(Arc::new(SlackApprovals {
                 channel: settings.channel,
+                escalate_channel: settings.escalate_channel,
                 signing_secret,
                 users: settings.users,
                 dashboard_url,

@@ -20,6 +20,8 @@ use std::time::Duration;
 const POST: &str = "slack.post";
 /// The first message of an approval.
 pub const PRIMARY: &str = "primary";
+/// The message to the escalation channel, once nobody decided in time.
+pub const ESCALATION: &str = "escalation";
 /// How often waiting and recently decided approvals are looked at.
 const EVERY: Duration = Duration::from_millis(500);
 /// After Slack could not be reached, how long before trying again.
@@ -64,6 +66,7 @@ impl Notifier {
                 .await?;
         }
         let now = chrono::Utc::now();
+        self.escalate(now).await?;
         for notice in store.open_notices().await? {
             let resting = notice.error.is_some() && notice.updated_at + RETRY_AFTER > now;
             if resting {
@@ -77,6 +80,48 @@ impl Notifier {
             if let Err(err) = worked {
                 tracing::warn!(%err, "a Slack approval message");
             }
+        }
+        Ok(())
+    }
+
+    /// Approvals nobody decided within `[approvals] escalate_after` are
+    /// posted again to the escalation channel, once.
+    async fn escalate(&self, now: chrono::DateTime<chrono::Utc>) -> Result<(), Refusal> {
+        let policy = self.registry.approval_policy();
+        let (Some(after), Some(channel)) = (policy.escalate_after, &self.slack.escalate_channel)
+        else {
+            return Ok(());
+        };
+        let after = chrono::Duration::from_std(after).unwrap_or(chrono::Duration::MAX);
+        let store = self.engine.store();
+        for approval in store.pending_approvals().await? {
+            if approval.created_at + after > now {
+                continue;
+            }
+            let notices = store.notices(approval.id).await?;
+            if notices.iter().any(|n| n.place == ESCALATION) {
+                continue;
+            }
+            store
+                .record_notice(NewNotice {
+                    approval_id: approval.id,
+                    run_id: approval.run_id,
+                    place: ESCALATION.to_owned(),
+                    idempotency_key: notice_key(approval.run_id, approval.id, ESCALATION),
+                    channel: channel.clone(),
+                })
+                .await?;
+            store
+                .note(
+                    approval.run_id,
+                    &Actor::System,
+                    &format!(
+                        "approval {} escalated to {channel}: nobody had decided within {}",
+                        approval.id,
+                        humantime::format_duration(policy.escalate_after.unwrap_or_default())
+                    ),
+                )
+                .await?;
         }
         Ok(())
     }
@@ -99,7 +144,7 @@ impl Notifier {
         ) {
             return Ok(());
         }
-        let Some(shown) = self.shown(notice.approval_id).await? else {
+        let Some(shown) = self.shown(&notice).await? else {
             return Ok(());
         };
         let args = post_args(&notice.channel, &shown);
@@ -160,7 +205,7 @@ impl Notifier {
 
     /// Rewrites a posted message when what it should say has changed.
     async fn refresh(&self, mut notice: Notice) -> Result<(), Refusal> {
-        let Some(shown) = self.shown(notice.approval_id).await? else {
+        let Some(shown) = self.shown(&notice).await? else {
             return Ok(());
         };
         if notice.shown.as_deref() != Some(shown.digest.as_str()) {
@@ -191,10 +236,10 @@ impl Notifier {
         Ok(self.engine.store().save_notice(&notice).await?)
     }
 
-    /// The message of an approval as it should read now.
-    async fn shown(&self, approval_id: i64) -> Result<Option<Shown>, Refusal> {
+    /// A notice's message as it should read now.
+    async fn shown(&self, notice: &Notice) -> Result<Option<Shown>, Refusal> {
         let store = self.engine.store();
-        let Some(approval) = store.approval(approval_id).await? else {
+        let Some(approval) = store.approval(notice.approval_id).await? else {
             return Ok(None);
         };
         let Some(run) = store.run(approval.run_id).await? else {
@@ -208,6 +253,7 @@ impl Notifier {
             calls,
             outcome,
             run_url: self.slack.run_url(run.id),
+            escalated: notice.place == ESCALATION,
         })))
     }
 

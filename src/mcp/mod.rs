@@ -902,6 +902,17 @@ fn answer(tool: &str, outcome: &CallOutcome, page: Option<&str>) -> CallToolResu
             page.map(|page| format!("A support lead decides at {page}. "))
                 .unwrap_or_default()
         ),
+        OutcomeKind::Rejected
+            if outcome
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with(crate::saga::engine::EXPIRED)) =>
+        {
+            format!(
+                "expired: nobody decided before the deadline, so it was not sent. Nobody \
+                 rejected it: call {tool} again if it is still wanted"
+            )
+        }
         OutcomeKind::Rejected => {
             "a person rejected this call; it was not sent. Go on without it".to_owned()
         }

@@ -749,7 +749,7 @@ impl Engine {
                         summary: reason,
                         digest: plan_digest(&call),
                         plan: call,
-                        expires_at: None,
+                        expires_at: self.deadline_of([tool]),
                     },
                     &actor,
                 )
@@ -1357,6 +1357,69 @@ impl Engine {
         Ok(step)
     }
 
+    /// When an approval of calls of these tools expires, by the tools
+    /// file's deadlines (the shortest of theirs); none when it sets none.
+    pub(crate) fn deadline_of<'t>(
+        &self,
+        tools: impl IntoIterator<Item = &'t str>,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        let policy = self.registry.approval_policy();
+        tools
+            .into_iter()
+            .filter_map(|tool| policy.deadline_for(tool))
+            .min()
+            .and_then(|wait| chrono::Duration::from_std(wait).ok())
+            .map(|wait| chrono::Utc::now() + wait)
+    }
+
+    /// A held step left undecided past its deadline: its approval ends as
+    /// expired (nobody said no) and the call is never sent.
+    pub async fn expire_step(&self, approval: &Approval) -> Result<Step, Refusal> {
+        let step_idx = approval.step_idx.ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "approval {} is a pivot, not a single step",
+                approval.id
+            ))
+        })?;
+        let _serialised = self.serialise(approval.run_id).await?;
+        self.store
+            .decide_approval(
+                Decision {
+                    approval_id: approval.id,
+                    digest: approval.digest.clone(),
+                    to: ApprovalStatus::Expired,
+                    note: Some("past its deadline: nobody decided".to_owned()),
+                    run_move: None,
+                },
+                &Actor::System,
+            )
+            .await?;
+        self.observer().approval_expired(ApprovalKind::Step);
+        let step = self
+            .store
+            .step(approval.run_id, step_idx)
+            .await?
+            .ok_or_else(|| StoreError::NotFound {
+                what: format!("step {step_idx}"),
+            })?;
+        if step.status != StepStatus::AwaitingApproval {
+            return Ok(step);
+        }
+        Ok(self.settle_step(
+            approval.run_id,
+            step_idx,
+            Outcome {
+                error: Some(format!(
+                    "{EXPIRED}: nobody decided before the deadline, so it was not sent; nobody rejected it"
+                )),
+                ..Outcome::moving(StepStatus::AwaitingApproval, StepStatus::Rejected)
+            },
+            Durability::Durable,
+            &Actor::System,
+        )
+        .await?)
+    }
+
     /// What the agent is told about a step, with the run's cursor.
     fn outcome_of(&self, step: &Step, cursor: Cursor) -> CallOutcome {
         // The status-to-outcome table is `OutcomeKind::of`; here only the words.
@@ -1375,6 +1438,9 @@ impl Engine {
             OutcomeKind::AwaitingApproval => format!(
                 "held for a person's approval; nothing was sent. Re-send step {idx} later to read the decision"
             ),
+            OutcomeKind::Rejected if step.error.as_deref().is_some_and(|e| e.starts_with(EXPIRED)) => {
+                "expired: nobody decided before the deadline, so it was not sent. Nobody rejected it: call it again as a new step if it is still wanted".to_owned()
+            }
             OutcomeKind::Rejected => {
                 "a person rejected this call; it was not sent. Go on without it".to_owned()
             }
@@ -1392,6 +1458,9 @@ impl Engine {
         }
     }
 }
+
+/// How a held step's error begins when its approval expired.
+pub const EXPIRED: &str = "expired";
 
 /// The digest an approval form carries back (§4): SHA-256 of the plan's
 /// canonical JSON (serde_json orders object keys).

@@ -92,7 +92,7 @@ impl Engine {
             }));
         }
         let plan = json!({"first_step": run.next_step, "commit": planned});
-        let expires_at = self
+        let holds_lapse = self
             .store()
             .steps(run_id)
             .await?
@@ -100,6 +100,14 @@ impl Engine {
             .filter(|s| s.tool_class == ToolClass::Reversible && s.status == StepStatus::Confirmed)
             .map(|s| s.created_at + AUTHORISATION_LIFETIME)
             .min();
+        // The tools file's deadline, unless the holds lapse first.
+        let expires_at = [
+            holds_lapse,
+            self.deadline_of(commit.iter().map(|c| c.tool.as_str())),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let approval = self
             .store()
             .request_approval(

@@ -118,6 +118,10 @@ pub struct ToolSpec {
     /// server's own description when the tools file gives none).
     #[serde(default)]
     pub description: Option<String>,
+    /// How long a call of this tool waits for approval before it expires
+    /// ("30m", "4h"), instead of `[approvals] deadline`.
+    #[serde(default)]
+    pub approval_deadline: Option<String>,
 }
 
 /// A tool as an upstream MCP server lists it: what the registry needs to
@@ -156,6 +160,7 @@ impl ToolSpec {
             schema: Some(tool.schema),
             display: None,
             description: tool.description,
+            approval_deadline: None,
         }
     }
 
@@ -491,11 +496,110 @@ struct ToolsFile {
     approvals: toml::Table,
 }
 
+/// How long approvals wait (`[approvals]`): until a deadline, after which
+/// they expire (never a person's "no"), and, before it, until someone
+/// else is asked as well.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ApprovalPolicy {
+    /// `deadline`: how long an approval waits, unless its tool says otherwise.
+    pub deadline: Option<std::time::Duration>,
+    /// `escalate_after`: when a waiting approval is posted again, to the
+    /// escalation channel.
+    pub escalate_after: Option<std::time::Duration>,
+    /// Each tool's own `approval_deadline`.
+    per_tool: BTreeMap<String, std::time::Duration>,
+}
+
+impl ApprovalPolicy {
+    /// How long a call of `tool` may wait for approval.
+    pub fn deadline_for(&self, tool: &str) -> Option<std::time::Duration> {
+        self.per_tool.get(tool).copied().or(self.deadline)
+    }
+}
+
+/// Reads a duration written as people write one ("90s", "30m", "4h 30m").
+fn duration_setting(text: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(duration) if duration.is_zero() => Err("must be longer than zero".into()),
+        Ok(duration) => Ok(duration),
+        Err(e) => Err(format!(
+            "`{text}` is not a duration like \"30m\" or \"4h\": {e}"
+        )),
+    }
+}
+
+/// The `[approvals]` section's own settings (its `slack` table belongs to
+/// the Slack approvals).
+fn approval_policy(
+    section: &toml::Table,
+    tools: &BTreeMap<String, ToolSpec>,
+    mistakes: &mut Vec<RegistryMistake>,
+) -> ApprovalPolicy {
+    let mut policy = ApprovalPolicy::default();
+    let mut say = |tool: &str, field: &'static str, problem: String| {
+        mistakes.push(RegistryMistake {
+            tool: tool.to_owned(),
+            field,
+            problem,
+        })
+    };
+    for (key, value) in section {
+        let target = match key.as_str() {
+            "deadline" => &mut policy.deadline,
+            "escalate_after" => &mut policy.escalate_after,
+            "slack" => continue,
+            other => {
+                say(
+                    "[approvals]",
+                    "(section)",
+                    format!("`{other}` is not a setting (deadline, escalate_after, slack)"),
+                );
+                continue;
+            }
+        };
+        let field = if key == "deadline" {
+            "deadline"
+        } else {
+            "escalate_after"
+        };
+        match value.as_str().map(duration_setting) {
+            Some(Ok(duration)) => *target = Some(duration),
+            Some(Err(problem)) => say("[approvals]", field, problem),
+            None => say(
+                "[approvals]",
+                field,
+                "must be a duration in quotes, like \"30m\"".into(),
+            ),
+        }
+    }
+    for spec in tools.values() {
+        if let Some(text) = &spec.approval_deadline {
+            match duration_setting(text) {
+                Ok(duration) => {
+                    policy.per_tool.insert(spec.name.clone(), duration);
+                }
+                Err(problem) => say(&spec.name, "approval_deadline", problem),
+            }
+        }
+    }
+    if let (Some(deadline), Some(escalate)) = (policy.deadline, policy.escalate_after) {
+        if escalate >= deadline {
+            say(
+                "[approvals]",
+                "escalate_after",
+                "must be shorter than the deadline, or nobody is asked before it expires".into(),
+            );
+        }
+    }
+    policy
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Registry {
     tools: BTreeMap<String, ToolSpec>,
     connectors: toml::Table,
     approvals: toml::Table,
+    approval_policy: ApprovalPolicy,
     schemas: ArgsSchemas,
 }
 
@@ -569,11 +673,13 @@ impl Registry {
                 }),
             }
         }
+        let approval_policy = approval_policy(&file.approvals, &tools, &mut mistakes);
         if mistakes.is_empty() {
             Ok(Registry {
                 tools,
                 connectors: file.connectors,
                 approvals: file.approvals,
+                approval_policy,
                 schemas,
             })
         } else {
@@ -678,6 +784,11 @@ impl Registry {
     /// The `[approvals]` section: where else approvals are asked for.
     pub fn approval_settings(&self) -> &toml::Table {
         &self.approvals
+    }
+
+    /// How long approvals wait, and when they are escalated.
+    pub fn approval_policy(&self) -> &ApprovalPolicy {
+        &self.approval_policy
     }
 
     pub fn tools(&self) -> impl Iterator<Item = &ToolSpec> {
@@ -906,6 +1017,47 @@ pub(crate) fn placeholders(text: &str) -> impl Iterator<Item = Result<Placeholde
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn approval_deadlines_are_durations_and_a_tools_own_comes_first() {
+        let file = |approvals: &str, tool: &str| {
+            format!(
+                "[[tool]]\nname = \"send\"\nclass = \"pure\"\nconnector = \"x.send\"\n{tool}\n\
+                 [[tool]]\nname = \"post\"\nclass = \"pure\"\nconnector = \"x.post\"\n\
+                 [approvals]\n{approvals}"
+            )
+        };
+        let registry = Registry::from_toml(&file(
+            "deadline = \"4h\"\nescalate_after = \"30m\"",
+            "approval_deadline = \"15m\"",
+        ))
+        .unwrap();
+        let policy = registry.approval_policy();
+        let minutes = |m: u64| Some(std::time::Duration::from_secs(m * 60));
+        assert_eq!(policy.deadline_for("send"), minutes(15));
+        assert_eq!(policy.deadline_for("post"), minutes(240));
+        assert_eq!(policy.escalate_after, minutes(30));
+
+        for (approvals, tool, field) in [
+            ("deadline = \"soon\"", "", "deadline"),
+            ("deadline = 30", "", "deadline"),
+            ("deadline = \"0s\"", "", "deadline"),
+            ("", "approval_deadline = \"a while\"", "approval_deadline"),
+            (
+                "deadline = \"1h\"\nescalate_after = \"2h\"",
+                "",
+                "escalate_after",
+            ),
+            ("wait = \"1h\"", "", "(section)"),
+        ] {
+            let Err(RegistryError::Mistakes(mistakes)) =
+                Registry::from_toml(&file(approvals, tool))
+            else {
+                panic!("accepted: {approvals} {tool}")
+            };
+            assert_eq!(mistakes[0].field, field, "{approvals} {tool}: {mistakes:?}");
+        }
+    }
+
     #[test]
     fn a_tools_argument_schema_must_describe_an_object_and_compile() {
         let file = |schema: &str| {

@@ -15,7 +15,7 @@ pub struct ResumeReport {
     pub reconciled: usize,
     pub committed: usize,
     pub unwound: usize,
-    pub expired_pivots: usize,
+    pub expired_approvals: usize,
     /// Runs left waiting for a person.
     pub needs_attention: usize,
     /// Runs another live instance was working on, left to it.
@@ -23,13 +23,20 @@ pub struct ResumeReport {
 }
 
 impl Engine {
-    /// Rejects every pivot left pending past its authorisations' deadline
-    /// (§4); the server runs this periodically as well as at start-up.
-    pub async fn expire_pivots(&self) -> Result<usize, Refusal> {
+    /// Ends every approval left pending past its deadline as expired (the
+    /// tools file's, or a pivot's authorisations' lapse, §4): a pivot's
+    /// staged steps unwind, a held step is never sent. The server runs
+    /// this every second as well as at start-up.
+    pub async fn expire_approvals(&self) -> Result<usize, Refusal> {
         let now = chrono::Utc::now();
         let mut expired = 0;
         for approval in self.store().pending_approvals().await? {
-            if approval.kind == ApprovalKind::Pivot
+            if approval.kind == ApprovalKind::Step
+                && approval.expires_at.is_some_and(|at| at <= now)
+            {
+                self.expire_step(&approval).await?;
+                expired += 1;
+            } else if approval.kind == ApprovalKind::Pivot
                 && approval.expires_at.is_some_and(|at| at <= now)
             {
                 self.decide_pivot(
@@ -110,7 +117,7 @@ impl Engine {
 
     pub async fn resume(&self) -> Result<ResumeReport, Refusal> {
         let mut report = ResumeReport {
-            expired_pivots: self.expire_pivots().await?,
+            expired_approvals: self.expire_approvals().await?,
             ..ResumeReport::default()
         };
         let live = [

@@ -70,6 +70,8 @@ pub struct PivotView {
     pub decided_by: Option<String>,
     pub decided_at: Option<String>,
     pub expires_at: Option<String>,
+    /// While it waits: its deadline, and where else it was asked for.
+    pub waiting: Option<String>,
     pub note: Option<String>,
     /// What the run staged before the pivot and is still open (drafts,
     /// holds), which the commit builds on or a rejection undoes.
@@ -98,6 +100,8 @@ pub struct HeldView {
     pub step_idx: i64,
     pub summary: String,
     pub words: CallInWords,
+    /// Its deadline, and where else it was asked for.
+    pub waiting: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -206,7 +210,7 @@ fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
             <h2 id="pivot-title">"Pivot: " {pivot.summary.clone()}</h2>
             <p class="meta">
                 <span class=super::status_class(&pivot.status)>{pivot.status.clone()}</span>
-                {pivot.expires_at.clone().filter(|_| pending).map(|at| view! { " · rejected automatically at " {at} " (authorisations lapse)" })}
+                {pivot.waiting.clone().filter(|_| pending).map(|waiting| view! { " · " {waiting} })}
             </p>
             {(!pivot.staged.is_empty()).then(|| view! {
                 <h3>"Staged, still open"</h3>
@@ -265,6 +269,7 @@ fn held_panel(run: &str, held: HeldView, may: bool) -> impl IntoView {
         <section class="panel pivot held">
             <h2>"Held step " {held.step_idx} ": " {held.words.tool.clone()}</h2>
             <p>{held.summary.clone()}</p>
+            {held.waiting.clone().map(|waiting| view! { <p class="meta">{waiting}</p> })}
             <CallWords words=held.words.clone()/>
             {may.then(|| view! {
                 <div class="decide">
@@ -609,6 +614,39 @@ pub(crate) mod ssr {
     use crate::server::AppState;
     use serde_json::Value;
 
+    /// What a waiting approval's panel says of its wait: when it expires
+    /// and where else it was asked for (Slack, the escalation channel).
+    async fn waiting_note(
+        store: &dyn crate::saga::store::SagaStore,
+        approval: &crate::saga::model::Approval,
+    ) -> Result<Option<String>, StoreError> {
+        use crate::saga::model::NoticeStatus;
+        let mut said = Vec::new();
+        if let Some(at) = approval.expires_at {
+            said.push(format!(
+                "expires at {} if nobody decides (an expiry is never counted as a rejection)",
+                at.format("%Y-%m-%d %H:%M:%S UTC")
+            ));
+        }
+        for notice in store.notices(approval.id).await? {
+            let place = if notice.place == "escalation" {
+                "escalated to"
+            } else {
+                "posted to"
+            };
+            match notice.status {
+                NoticeStatus::Posted => said.push(format!("{place} {} in Slack", notice.channel)),
+                NoticeStatus::Failed => said.push(format!(
+                    "could not be posted to {} in Slack: {}",
+                    notice.channel,
+                    notice.error.unwrap_or_default()
+                )),
+                NoticeStatus::Intended | NoticeStatus::Unknown => {}
+            }
+        }
+        Ok((!said.is_empty()).then(|| said.join(" · ")))
+    }
+
     pub async fn detail(
         state: &AppState,
         run_id: uuid::Uuid,
@@ -625,6 +663,13 @@ pub(crate) mod ssr {
         let events = store.events(Some(run_id), 2000).await?;
         let now = chrono::Utc::now();
         let registry = &state.registry;
+        let mut waiting = std::collections::HashMap::new();
+        for a in approvals
+            .iter()
+            .filter(|a| a.status == ApprovalStatus::Pending)
+        {
+            waiting.insert(a.id, waiting_note(store.as_ref(), a).await?);
+        }
 
         let step_views = steps
             .iter()
@@ -671,6 +716,7 @@ pub(crate) mod ssr {
                 expires_at: a
                     .expires_at
                     .map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string()),
+                waiting: waiting.get(&a.id).cloned().flatten(),
                 note: a.note.clone(),
                 staged: steps
                     .iter()
@@ -704,6 +750,7 @@ pub(crate) mod ssr {
                     step_idx: step.step_idx,
                     summary: a.summary.clone(),
                     words: registry.in_words(&step.tool, &step.args, step.compensation.as_ref()),
+                    waiting: waiting.get(&a.id).cloned().flatten(),
                 })
             })
             .collect();
