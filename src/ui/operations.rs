@@ -100,6 +100,23 @@ pub fn OperationsPage() -> impl IntoView {
 
 const W: f64 = 260.0;
 const H: f64 = 60.0;
+/// Room above the tallest mark for the scale's label.
+const HEADROOM: f64 = 13.0;
+/// Minutes across a chart: the hour and the minute under way. Fewer
+/// readings (an instance started lately) sit at the right, where now is.
+const SLOTS: usize = 61;
+
+/// `HH:MM`, `minutes` earlier.
+fn minutes_before(time: &str, minutes: usize) -> String {
+    let Some((h, m)) = time.split_once(':') else {
+        return String::new();
+    };
+    let (Ok(h), Ok(m)) = (h.parse::<usize>(), m.parse::<usize>()) else {
+        return String::new();
+    };
+    let at = (h * 60 + m + 24 * 60 - minutes % (24 * 60)) % (24 * 60);
+    format!("{:02}:{:02}", at / 60, at % 60)
+}
 
 #[component]
 fn ChartFigure(chart: Chart) -> impl IntoView {
@@ -111,9 +128,11 @@ fn ChartFigure(chart: Chart) -> impl IntoView {
         .chain(chart.ceiling)
         .fold(0.0_f64, f64::max);
     let scale = if top > 0.0 { top } else { 1.0 };
-    let y = move |value: f64| H - value / scale * (H - 4.0);
-    let n = chart.points.len().max(1) as f64;
-    let step = W / n;
+    let y = move |value: f64| H - value / scale * (H - HEADROOM);
+    let slots = chart.points.len().max(SLOTS);
+    let step = W / slots as f64;
+    let offset = (slots - chart.points.len()) as f64;
+    let x = move |i: usize| (offset + i as f64) * step;
     let marks = if chart.bars {
         chart
             .points
@@ -124,7 +143,7 @@ fn ChartFigure(chart: Chart) -> impl IntoView {
                 let value = point.unwrap_or(0.0);
                 let top_y = y(value);
                 view! {
-                    <rect x=format!("{:.1}", i as f64 * step + 0.5) y=format!("{top_y:.1}")
+                    <rect x=format!("{:.1}", x(i) + 0.5) y=format!("{top_y:.1}")
                         width=format!("{:.1}", (step - 1.0).max(1.0)) height=format!("{:.1}", H - top_y)
                         fill="#175cd3">
                         <title>{format!("{time}: {}", figure(value))}</title>
@@ -141,7 +160,7 @@ fn ChartFigure(chart: Chart) -> impl IntoView {
             match point {
                 Some(value) => runs.last_mut().expect("a run").push(format!(
                     "{:.1},{:.1}",
-                    i as f64 * step + step / 2.0,
+                    x(i) + step / 2.0,
                     y(*value)
                 )),
                 None => runs.push(Vec::new()),
@@ -155,7 +174,7 @@ fn ChartFigure(chart: Chart) -> impl IntoView {
             .filter_map(|(i, (point, time))| {
                 point.map(|value| {
                     view! {
-                        <circle cx=format!("{:.1}", i as f64 * step + step / 2.0) cy=format!("{:.1}", y(value)) r="2" fill="#175cd3">
+                        <circle cx=format!("{:.1}", x(i) + step / 2.0) cy=format!("{:.1}", y(value)) r="2" fill="#175cd3">
                             <title>{format!("{time}: {}", figure(value))}</title>
                         </circle>
                     }
@@ -174,8 +193,9 @@ fn ChartFigure(chart: Chart) -> impl IntoView {
         let at = format!("{:.1}", y(limit));
         view! { <line x1="0" y1=at.clone() x2=W y2=at stroke="#b42318" stroke-dasharray="4 3"/> }
     });
-    let first = chart.times.first().cloned().unwrap_or_default();
     let last = chart.times.last().cloned().unwrap_or_default();
+    // The left edge is an hour before the right, however few readings.
+    let first = minutes_before(&last, slots - 1);
     view! {
         <figure class="chart">
             <figcaption><strong>{chart.title.clone()}</strong><span class="muted">{chart.now}</span></figcaption>
