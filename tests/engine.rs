@@ -1970,6 +1970,7 @@ async fn r9_a_pivot_left_pending_past_the_authorisations_is_rejected(s: Setup) {
                 plan: pivot.plan.clone(),
                 digest: pivot.digest.clone(),
                 expires_at: Some(chrono::Utc::now() - chrono::Duration::days(1)),
+                approvers_needed: 1,
             },
             None,
             &Actor::Agent(AGENT.into()),

@@ -377,6 +377,7 @@ async fn unwinds_compensations_corrections_and_expired_approvals_move_their_metr
                 plan: pivot.plan.clone(),
                 digest: pivot.digest.clone(),
                 expires_at: Some(chrono::Utc::now() - chrono::Duration::days(1)),
+                approvers_needed: 1,
             },
             None,
             &Actor::Agent(AGENT.into()),

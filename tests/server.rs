@@ -229,6 +229,7 @@ async fn runs_list_lists_runs_awaiting_approval_first() {
                 plan: serde_json::json!({}),
                 digest: "d".into(),
                 expires_at: None,
+                approvers_needed: 1,
             },
             &actor,
         )

@@ -27,6 +27,7 @@ const SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
 const LEAD: &str = "U0LEAD0001";
 const VIEWER: &str = "U0VIEW0001";
 const STRANGER: &str = "U0NOBODY01";
+const ADMIN: &str = "U0ADMIN001";
 
 struct Setup {
     sims: Simulators,
@@ -41,12 +42,18 @@ struct Setup {
 }
 
 async fn setup(db: common::TestDb) -> Setup {
-    setup_with(db, "", "").await
+    setup_with(db, "", "", |_| {}).await
 }
 
 /// `policy`: `[approvals]` settings (deadline, escalate_after);
 /// `slack`: more `[approvals.slack]` settings.
-async fn setup_with(db: common::TestDb, policy: &str, slack: &str) -> Setup {
+/// `tweak` changes the rest of the tools file.
+async fn setup_with(
+    db: common::TestDb,
+    policy: &str,
+    slack: &str,
+    tweak: impl FnOnce(&mut toml::Table),
+) -> Setup {
     use_simulated_credentials();
     std::env::set_var(SECRET_ENV, SECRET);
     let sims = Simulators::start([127, 0, 0, 1].into(), 0).await.unwrap();
@@ -63,15 +70,21 @@ async fn setup_with(db: common::TestDb, policy: &str, slack: &str) -> Setup {
         [slack.users]
         {LEAD} = "lead"
         {VIEWER} = "viewer"
+        {ADMIN} = "admin"
         "##
     ))
     .unwrap();
     file.insert("approvals".into(), toml::Value::Table(approvals));
+    tweak(&mut file);
     std::fs::write(&tools, toml::to_string(&file).unwrap()).unwrap();
     let token = provision(
         &db.url,
         AGENT,
-        &[("lead", "approver"), ("viewer", "viewer")],
+        &[
+            ("lead", "approver"),
+            ("viewer", "viewer"),
+            ("admin", "admin"),
+        ],
     )
     .await;
     let app = Application::build(ServeArgs {
@@ -506,7 +519,7 @@ async fn a_post_whose_answer_was_lost_is_found_by_its_key_not_posted_again() {
 
 #[tokio::test]
 async fn a_held_step_nobody_decides_expires_as_its_own_outcome_never_a_rejection() {
-    let s = setup_with(common::sqlite(), r#"deadline = "5s""#, "").await;
+    let s = setup_with(common::sqlite(), r#"deadline = "5s""#, "", |_| {}).await;
     let run = s
         .agent
         .start_run("slack-expiry", "Tell Grace her lamp ships")
@@ -564,6 +577,7 @@ async fn an_approval_nobody_decides_is_escalated_once_to_the_second_channel() {
         common::sqlite(),
         r#"escalate_after = "1s""#,
         r##"escalate_channel = "#alerts""##,
+        |_| {},
     )
     .await;
     let (_, approval, key) = s.waiting_pivot("slack-escalation").await;
@@ -613,4 +627,95 @@ async fn an_approval_nobody_decides_is_escalated_once_to_the_second_channel() {
             .is_some_and(|d| d.contains("escalated to #alerts"))),
         "the escalation is in the audit trail"
     );
+}
+
+#[tokio::test]
+async fn under_the_two_person_rule_one_person_cannot_approve_twice() {
+    let s = setup_with(common::sqlite(), "", "", |file| {
+        let tools = file["tool"].as_array_mut().unwrap();
+        let email = tools
+            .iter_mut()
+            .find(|t| t["name"].as_str() == Some("send_email"))
+            .unwrap();
+        email
+            .as_table_mut()
+            .unwrap()
+            .insert("two_people".into(), toml::Value::Boolean(true));
+    })
+    .await;
+    let (run, approval, key) = s.waiting_pivot("slack-two-people").await;
+    let posted = s.posted(&key).await;
+    assert!(
+        posted["blocks"]
+            .to_string()
+            .contains("Needs 2 different approvers"),
+        "{posted}"
+    );
+
+    s.press(&key, "saga_approve", LEAD).await;
+    let first = s.updated_to_say(&key, "1 of 2").await;
+    assert!(
+        first["blocks"].to_string().contains("approved by *lead*"),
+        "{first}"
+    );
+    assert_eq!(
+        button_labels(&first),
+        ["Approve", "Reject"],
+        "it still waits"
+    );
+    assert_eq!(s.run_status(run).await, "AWAITING_APPROVAL");
+    assert_eq!(s.emails_to_grace(), 0);
+    let lead = Dashboard::new();
+    lead.sign_in(&s.base, "lead", PASSWORD).await;
+    let page = lead.page(&s.base, &format!("/runs/{run}")).await;
+    assert!(
+        page.contains("1 of 2 approvals: lead approved"),
+        "the panel says 1 of 2"
+    );
+
+    // The same person again, from Slack or the dashboard: refused.
+    s.press(&key, "saga_approve", LEAD).await;
+    let told = s.told(LEAD).await;
+    assert!(told.contains("second, different approver"), "{told}");
+    let digest = s
+        .state
+        .store
+        .approval(approval)
+        .await
+        .unwrap()
+        .unwrap()
+        .digest;
+    lead.post(
+        &s.base,
+        "decide_pivot",
+        &[
+            ("run", &run.to_string()),
+            ("approval", &approval.to_string()),
+            ("digest", &digest),
+            ("decision", "approve"),
+        ],
+    )
+    .await
+    .unwrap();
+    let flash = common::process::flash(&lead.http, &s.base).await;
+    assert!(flash.contains("second, different approver"), "{flash}");
+    assert_eq!(s.run_status(run).await, "AWAITING_APPROVAL");
+    assert_eq!(s.emails_to_grace(), 0);
+
+    // A second person approves: the commit runs, once.
+    s.press(&key, "saga_approve", ADMIN).await;
+    let done = s
+        .updated_to_say(&key, "Commit: 1 of 1 steps confirmed")
+        .await;
+    assert!(done["blocks"].to_string().contains("*admin*"), "{done}");
+    assert_eq!(s.run_status(run).await, "COMPLETED");
+    assert_eq!(s.emails_to_grace(), 1);
+    let events = s.state.store.events(Some(run), 100).await.unwrap();
+    let approvals: Vec<_> = events.iter().filter(|e| e.entity == "approval").collect();
+    assert!(approvals
+        .iter()
+        .any(|e| e.actor == "user:lead" && e.to_status.as_deref() == Some("pending")));
+    assert!(approvals
+        .iter()
+        .any(|e| e.actor == "user:admin" && e.to_status.as_deref() == Some("approved")));
 }

@@ -715,6 +715,7 @@ async fn pivot_approval_is_one_atomic_decision_on_the_plan_shown(store: Store) {
         plan: json!([{"tool": "stripe.capture", "args": {}}]),
         digest: digest.into(),
         expires_at: None,
+        approvers_needed: 1,
     };
     let first = store
         .request_approval(
@@ -1202,6 +1203,7 @@ async fn an_approvals_notice_is_written_once_and_kept_until_done(store: Store) {
                 plan: json!({"commit": []}),
                 digest: "d1".into(),
                 expires_at: None,
+                approvers_needed: 1,
             },
             Some((RunStatus::Running, RunStatus::AwaitingApproval)),
             &agent(),
@@ -1260,6 +1262,70 @@ async fn a_signature_is_seen_once_until_it_is_forgotten(store: Store) {
         .unwrap());
 }
 
+async fn under_the_two_person_rule_the_first_approval_waits_and_one_rejection_ends_it(
+    store: Store,
+) {
+    let run = new_run(&store, None).await;
+    let approval = store
+        .request_approval(
+            NewApproval {
+                run_id: run.id,
+                kind: ApprovalKind::Pivot,
+                step_idx: None,
+                summary: "refund $900".into(),
+                plan: json!({"commit": []}),
+                digest: "d1".into(),
+                expires_at: None,
+                approvers_needed: 2,
+            },
+            Some((RunStatus::Running, RunStatus::AwaitingApproval)),
+            &agent(),
+        )
+        .await
+        .unwrap();
+    let decision = |to: ApprovalStatus| Decision {
+        approval_id: approval.id,
+        digest: "d1".into(),
+        to,
+        note: None,
+        run_move: Some((RunStatus::AwaitingApproval, RunStatus::Committing)),
+    };
+    let first = store
+        .decide_approval(decision(ApprovalStatus::Approved), &lead())
+        .await
+        .unwrap();
+    assert_eq!(first.status, ApprovalStatus::Pending, "one of two");
+    assert_eq!(first.first_approver.as_deref(), Some("user:dana"));
+    assert_eq!(
+        store.run(run.id).await.unwrap().unwrap().status,
+        RunStatus::AwaitingApproval,
+        "the run does not move on one approval"
+    );
+    let again = store
+        .decide_approval(decision(ApprovalStatus::Approved), &lead())
+        .await;
+    assert!(matches!(again, Err(StoreError::Invalid(_))), "{again:?}");
+    let rejected = store
+        .decide_approval(
+            Decision {
+                run_move: Some((RunStatus::AwaitingApproval, RunStatus::Rejected)),
+                ..decision(ApprovalStatus::Rejected)
+            },
+            &Actor::User("sam".into()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        rejected.status,
+        ApprovalStatus::Rejected,
+        "one rejection ends it"
+    );
+    assert_eq!(
+        store.run(run.id).await.unwrap().unwrap().status,
+        RunStatus::Rejected
+    );
+}
+
 common::on_both_backends!(
     contract_store;
     runs_are_created_once_per_agent_label,
@@ -1280,6 +1346,7 @@ common::on_both_backends!(
     a_claimed_run_comes_with_its_unsettled_steps,
     stale_steps_are_the_old_unsettled_ones_of_live_runs,
     an_approvals_notice_is_written_once_and_kept_until_done,
+    under_the_two_person_rule_the_first_approval_waits_and_one_rejection_ends_it,
     a_signature_is_seen_once_until_it_is_forgotten,
 );
 

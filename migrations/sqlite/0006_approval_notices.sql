@@ -27,3 +27,9 @@ CREATE TABLE slack_requests (
     seen_at   TEXT NOT NULL
 );
 CREATE INDEX slack_requests_by_age ON slack_requests (seen_at);
+
+-- The two-person rule: how many different people must approve, and who
+-- approved first while it waits for the second.
+ALTER TABLE approvals ADD COLUMN approvers_needed INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE approvals ADD COLUMN first_approver TEXT;
+ALTER TABLE approvals ADD COLUMN first_approved_at TEXT;

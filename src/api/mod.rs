@@ -577,6 +577,7 @@ async fn propose_pivot(
         approval_id: approval.id,
         digest: approval.digest,
         expires_at: approval.expires_at,
+        approvers_needed: approval.approvers_needed,
         plan: approval.plan,
         message: "the plan waits for a person's approval; the run takes no other calls until then",
     }))
@@ -589,8 +590,12 @@ struct PivotProposed {
     approval_id: i64,
     /// What the approver signs: a digest of the plan exactly as shown.
     digest: String,
-    /// When the pivot is rejected if nobody decides (authorisations lapse).
+    /// When the pivot expires if nobody decides (the tools file's
+    /// deadline, or when the authorisations it builds on lapse).
     expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// How many different people must approve it (2 under the
+    /// two-person rule).
+    approvers_needed: i64,
     plan: Value,
     message: &'static str,
 }

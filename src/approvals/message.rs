@@ -152,6 +152,20 @@ pub fn render(facts: &Facts<'_>) -> Shown {
         .unwrap_or_default();
     let (status_line, text) = match approval.status {
         ApprovalStatus::Pending => {
+            let votes = match (&approval.first_approver, approval.approvers_needed) {
+                (_, 1) => None,
+                (None, needed) => Some(format!(
+                    ":busts_in_silhouette: Needs {needed} different approvers."
+                )),
+                (Some(first), needed) => Some(format!(
+                    ":ballot_box_with_check: *1 of {needed}*: approved by *{}* at {}; a second, different approver decides.",
+                    escape(&who(Some(first))),
+                    when(approval.first_approved_at)
+                )),
+            };
+            if let Some(votes) = votes {
+                blocks.push(section(votes));
+            }
             blocks.push(buttons(approval, facts.calls.len()));
             (None, format!("{what}: {}", approval.summary))
         }

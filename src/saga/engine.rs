@@ -375,6 +375,10 @@ impl Engine {
         &self.store
     }
 
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
     pub(crate) fn connector(&self) -> &Arc<dyn Connector> {
         &self.connector
     }
@@ -750,6 +754,10 @@ impl Engine {
                         digest: plan_digest(&call),
                         plan: call,
                         expires_at: self.deadline_of([tool]),
+                        approvers_needed: self
+                            .registry
+                            .approval_policy()
+                            .approvers_for(spec, &args),
                     },
                     &actor,
                 )
@@ -1334,7 +1342,9 @@ impl Engine {
             .ok_or_else(|| StoreError::NotFound {
                 what: format!("step {step_idx}"),
             })?;
-        if step.status != StepStatus::AwaitingApproval {
+        if step.status != StepStatus::AwaitingApproval || decided.status == ApprovalStatus::Pending
+        {
+            // Decided before, or the first of two approvals: it still waits.
             return Ok(step);
         }
         let to = if decided.status == ApprovalStatus::Approved {

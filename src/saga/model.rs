@@ -236,8 +236,10 @@ pub struct NewApproval {
     pub plan: Value,
     /// Digest of `plan`; the approve form carries it back (DESIGN.md §4).
     pub digest: String,
-    /// After this the request is rejected automatically.
+    /// After this the request expires (never a person's rejection).
     pub expires_at: Option<DateTime<Utc>>,
+    /// How many different people must approve (the two-person rule: 2).
+    pub approvers_needed: i64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -255,6 +257,11 @@ pub struct Approval {
     pub decided_at: Option<DateTime<Utc>>,
     pub note: Option<String>,
     pub created_at: DateTime<Utc>,
+    pub approvers_needed: i64,
+    /// Under the two-person rule, who approved first (it waits for a
+    /// second, different approver).
+    pub first_approver: Option<String>,
+    pub first_approved_at: Option<DateTime<Utc>>,
 }
 
 /// A person's decision on an approval, and the run move that goes with it

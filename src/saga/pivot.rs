@@ -60,6 +60,7 @@ impl Engine {
         }
         self.ensure_earlier_steps_settled(run_id).await?;
         let mut planned = Vec::with_capacity(commit.len());
+        let mut approvers_needed = 1;
         for (i, call) in commit.iter().enumerate() {
             let spec = self.spec(&call.tool)?;
             if spec.way_back_only {
@@ -75,6 +76,11 @@ impl Engine {
             self.check_args(&call.tool, &call.args).map_err(|refusal| {
                 Refusal::InvalidPlan(format!("commit step {} ({refusal})", i + 1))
             })?;
+            approvers_needed = approvers_needed.max(
+                self.registry()
+                    .approval_policy()
+                    .approvers_for(spec, &call.args),
+            );
             let step = run.next_step + i as i64;
             let key = step_key(run_id, step, &call.tool);
             let way_back = spec.way_back(&key, &call.args).map_err(|reason| {
@@ -119,6 +125,7 @@ impl Engine {
                     digest: plan_digest(&plan),
                     plan,
                     expires_at,
+                    approvers_needed,
                 },
                 run_move,
                 &Actor::Agent(agent.to_owned()),

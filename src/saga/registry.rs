@@ -122,6 +122,9 @@ pub struct ToolSpec {
     /// ("30m", "4h"), instead of `[approvals] deadline`.
     #[serde(default)]
     pub approval_deadline: Option<String>,
+    /// Every call of this tool needs two different approvers.
+    #[serde(default)]
+    pub two_people: bool,
 }
 
 /// A tool as an upstream MCP server lists it: what the registry needs to
@@ -161,6 +164,7 @@ impl ToolSpec {
             display: None,
             description: tool.description,
             approval_deadline: None,
+            two_people: false,
         }
     }
 
@@ -506,11 +510,31 @@ pub struct ApprovalPolicy {
     /// `escalate_after`: when a waiting approval is posted again, to the
     /// escalation channel.
     pub escalate_after: Option<std::time::Duration>,
+    /// `two_people_above`: a call whose `amount` argument (in minor units)
+    /// is above this needs two different approvers.
+    pub two_people_above: Option<i64>,
     /// Each tool's own `approval_deadline`.
     per_tool: BTreeMap<String, std::time::Duration>,
 }
 
 impl ApprovalPolicy {
+    /// How many different people must approve this call: two when its
+    /// tool says so or its amount is above `two_people_above`.
+    pub fn approvers_for(&self, spec: &ToolSpec, args: &serde_json::Value) -> i64 {
+        let large = match (
+            self.two_people_above,
+            args.get("amount").and_then(|a| a.as_i64()),
+        ) {
+            (Some(limit), Some(amount)) => amount > limit,
+            _ => false,
+        };
+        if spec.two_people || large {
+            2
+        } else {
+            1
+        }
+    }
+
     /// How long a call of `tool` may wait for approval.
     pub fn deadline_for(&self, tool: &str) -> Option<std::time::Duration> {
         self.per_tool.get(tool).copied().or(self.deadline)
@@ -544,6 +568,17 @@ fn approval_policy(
         })
     };
     for (key, value) in section {
+        if key == "two_people_above" {
+            match value.as_integer() {
+                Some(limit) if limit >= 0 => policy.two_people_above = Some(limit),
+                _ => say(
+                    "[approvals]",
+                    "two_people_above",
+                    "must be an amount in minor units (cents), like 50000".into(),
+                ),
+            }
+            continue;
+        }
         let target = match key.as_str() {
             "deadline" => &mut policy.deadline,
             "escalate_after" => &mut policy.escalate_after,
@@ -552,7 +587,7 @@ fn approval_policy(
                 say(
                     "[approvals]",
                     "(section)",
-                    format!("`{other}` is not a setting (deadline, escalate_after, slack)"),
+                    format!("`{other}` is not a setting (deadline, escalate_after, two_people_above, slack)"),
                 );
                 continue;
             }

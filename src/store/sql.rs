@@ -308,6 +308,9 @@ macro_rules! saga_store_sql {
                 decided_at: get(row, "decided_at")?,
                 note: opt_text(row, "note")?,
                 created_at: get(row, "created_at")?,
+                approvers_needed: get(row, "approvers_needed")?,
+                first_approver: opt_text(row, "first_approver")?,
+                first_approved_at: get(row, "first_approved_at")?,
             })
         }
 
@@ -704,8 +707,9 @@ macro_rules! saga_store_sql {
                     }
                 }
                 let row = query(
-                    "INSERT INTO approvals (run_id, kind, step_idx, summary, plan, digest, status, expires_at, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                    "INSERT INTO approvals (run_id, kind, step_idx, summary, plan, digest, status, expires_at, created_at,
+                        approvers_needed)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
                      RETURNING *",
                 )
                 .bind(new.run_id.to_string())
@@ -717,6 +721,7 @@ macro_rules! saga_store_sql {
                 .bind(ApprovalStatus::Pending.as_str())
                 .bind(new.expires_at)
                 .bind(now)
+                .bind(new.approvers_needed)
                 .fetch_one(&mut *conn)
                 .await
                 .map_err(db)?;
@@ -1358,6 +1363,52 @@ macro_rules! saga_store_sql {
                     return Err(StoreError::PlanChanged);
                 }
                 let now = Utc::now();
+                if decision.to == ApprovalStatus::Approved && current.approvers_needed > 1 {
+                    let who = actor.to_string();
+                    match current.first_approver.as_deref() {
+                        // The first of two: recorded; the approval still waits.
+                        None => {
+                            let row = query(
+                                "UPDATE approvals SET first_approver = $1, first_approved_at = $2
+                                 WHERE id = $3 AND status = $4 AND first_approver IS NULL RETURNING *",
+                            )
+                            .bind(&who)
+                            .bind(now)
+                            .bind(decision.approval_id)
+                            .bind(ApprovalStatus::Pending.as_str())
+                            .fetch_one(&mut *tx)
+                            .await
+                            .map_err(db)?;
+                            append_event(
+                                &mut tx,
+                                EventLine {
+                                    run_id: Some(current.run_id),
+                                    entity: "approval",
+                                    entity_id: Some(current.id),
+                                    actor,
+                                    from: Some(ApprovalStatus::Pending.as_str()),
+                                    to: Some(ApprovalStatus::Pending.as_str()),
+                                    detail: Some(format!(
+                                        "approved, 1 of {}: a second, different approver decides{}",
+                                        current.approvers_needed,
+                                        decision.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
+                                    )),
+                                    at: now,
+                                },
+                            )
+                            .await?;
+                            commit(tx).await?;
+                            return approval_from(&row);
+                        }
+                        Some(first) if first == who => {
+                            return Err(StoreError::Invalid(format!(
+                                "{} already approved this; the two-person rule needs a second, different approver",
+                                actor.name()
+                            )));
+                        }
+                        Some(_) => {}
+                    }
+                }
                 let row = query(
                     "UPDATE approvals SET status = $1, decided_by = $2, decided_at = $3, note = $4
                      WHERE id = $5 AND status = $6 RETURNING *",

@@ -622,6 +622,19 @@ pub(crate) mod ssr {
     ) -> Result<Option<String>, StoreError> {
         use crate::saga::model::NoticeStatus;
         let mut said = Vec::new();
+        if approval.approvers_needed > 1 {
+            said.push(match &approval.first_approver {
+                Some(first) => format!(
+                    "1 of {} approvals: {} approved; a second, different approver decides",
+                    approval.approvers_needed,
+                    crate::saga::model::Actor::parse(first).name()
+                ),
+                None => format!(
+                    "needs {} different approvers (the two-person rule)",
+                    approval.approvers_needed
+                ),
+            });
+        }
         if let Some(at) = approval.expires_at {
             said.push(format!(
                 "expires at {} if nobody decides (an expiry is never counted as a rejection)",
