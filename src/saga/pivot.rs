@@ -180,7 +180,7 @@ impl Engine {
             (
                 ApprovalStatus::Expired,
                 RunStatus::Rejected,
-                Some("past the authorisations' deadline".to_owned()),
+                Some("past its deadline: nobody decided".to_owned()),
             )
         } else if approve {
             (ApprovalStatus::Approved, RunStatus::Committing, via.note())

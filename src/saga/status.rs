@@ -257,7 +257,7 @@ pub enum ApprovalStatus {
     Rejected,
     /// A newer pivot proposal replaced this one.
     Superseded,
-    /// Left pending past the authorisations' deadline.
+    /// Left pending past its deadline (the tools file's, or when the holds it builds on lapse).
     Expired,
 }
 
