@@ -249,6 +249,31 @@ impl Setup {
         .await
     }
 
+    /// `person` approves the pivot on its run page, as the form posts it.
+    async fn approve_in_dashboard(&self, person: &Dashboard, run: Uuid, approval: i64) {
+        let digest = self
+            .state
+            .store
+            .approval(approval)
+            .await
+            .unwrap()
+            .unwrap()
+            .digest;
+        person
+            .post(
+                &self.base,
+                "decide_pivot",
+                &[
+                    ("run", &run.to_string()),
+                    ("approval", &approval.to_string()),
+                    ("digest", &digest),
+                    ("decision", "approve"),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+
     async fn run_status(&self, run: Uuid) -> String {
         let run = self.state.store.run(run).await.unwrap().unwrap();
         run.status.as_str().to_owned()
@@ -460,26 +485,7 @@ async fn a_dashboard_approval_rewrites_the_slack_message() {
     s.posted(&key).await;
     let lead = Dashboard::new();
     lead.sign_in(&s.base, "lead", PASSWORD).await;
-    let digest = s
-        .state
-        .store
-        .approval(approval)
-        .await
-        .unwrap()
-        .unwrap()
-        .digest;
-    lead.post(
-        &s.base,
-        "decide_pivot",
-        &[
-            ("run", &run.to_string()),
-            ("approval", &approval.to_string()),
-            ("digest", &digest),
-            ("decision", "approve"),
-        ],
-    )
-    .await
-    .unwrap();
+    s.approve_in_dashboard(&lead, run, approval).await;
     let updated = s.updated_to_say(&key, "decided in the dashboard").await;
     let shown = updated["blocks"].to_string();
     assert!(
@@ -677,26 +683,7 @@ async fn under_the_two_person_rule_one_person_cannot_approve_twice() {
     s.press(&key, "saga_approve", LEAD).await;
     let told = s.told(LEAD).await;
     assert!(told.contains("second, different approver"), "{told}");
-    let digest = s
-        .state
-        .store
-        .approval(approval)
-        .await
-        .unwrap()
-        .unwrap()
-        .digest;
-    lead.post(
-        &s.base,
-        "decide_pivot",
-        &[
-            ("run", &run.to_string()),
-            ("approval", &approval.to_string()),
-            ("digest", &digest),
-            ("decision", "approve"),
-        ],
-    )
-    .await
-    .unwrap();
+    s.approve_in_dashboard(&lead, run, approval).await;
     let flash = common::process::flash(&lead.http, &s.base).await;
     assert!(flash.contains("second, different approver"), "{flash}");
     assert_eq!(s.run_status(run).await, "AWAITING_APPROVAL");
