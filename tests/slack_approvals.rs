@@ -466,7 +466,7 @@ async fn a_button_from_a_replaced_plan_decides_nothing_and_its_message_says_so(d
         .unwrap();
     assert_eq!(answer["status"], 200, "{answer}");
     let told = s.told(LEAD).await;
-    assert!(told.contains("The plan was replaced"), "{told}");
+    assert!(told.contains("The plan was replaced or edited"), "{told}");
     assert_eq!(s.run_status(run).await, "AWAITING_APPROVAL");
     assert_eq!(s.emails_to_grace(), 0);
     let second_approval = s.state.store.approval(second).await.unwrap().unwrap();
@@ -705,4 +705,200 @@ async fn under_the_two_person_rule_one_person_cannot_approve_twice() {
     assert!(approvals
         .iter()
         .any(|e| e.actor == "user:admin" && e.to_status.as_deref() == Some("approved")));
+}
+
+/// `person` saves an edit of step `step`'s arguments on the run page, as the
+/// form posts it; the answer's status and the flash the next page shows.
+async fn edit_in_dashboard(
+    s: &Setup,
+    person: &Dashboard,
+    run: Uuid,
+    approval: i64,
+    step: i64,
+    args: &str,
+) -> (u16, String) {
+    let digest = s
+        .state
+        .store
+        .approval(approval)
+        .await
+        .unwrap()
+        .unwrap()
+        .digest;
+    let answer = person
+        .post(
+            &s.base,
+            "edit_pivot_step",
+            &[
+                ("run", &run.to_string()),
+                ("approval", &approval.to_string()),
+                ("digest", &digest),
+                ("step", &step.to_string()),
+                ("args", args),
+            ],
+        )
+        .await
+        .unwrap();
+    let flash = common::process::flash(&person.http, &s.base).await;
+    (answer.status().as_u16(), flash)
+}
+
+async fn an_approver_edits_a_commit_step_and_the_commit_sends_the_edited_arguments(
+    db: common::TestDb,
+) {
+    let s = setup(db).await;
+    let (run, approval, key) = s.waiting_pivot("slack-edit").await;
+    let posted = s.posted(&key).await;
+    let step = s
+        .state
+        .store
+        .approval(approval)
+        .await
+        .unwrap()
+        .unwrap()
+        .plan["commit"][0]["step"]
+        .as_i64()
+        .unwrap();
+    let before = s.state.store.approval(approval).await.unwrap().unwrap();
+    let lead = Dashboard::new();
+    lead.sign_in(&s.base, "lead", PASSWORD).await;
+
+    // Bad input is refused with a reason, and the plan is as it was.
+    let (_, not_json) = edit_in_dashboard(&s, &lead, run, approval, step, "{\"to\": ").await;
+    assert!(
+        not_json.starts_with("error=") && not_json.contains("not JSON"),
+        "{not_json}"
+    );
+    let (_, off_schema) = edit_in_dashboard(
+        &s,
+        &lead,
+        run,
+        approval,
+        step,
+        r#"{"to": 42, "subject": "Your lamp", "body": "x"}"#,
+    )
+    .await;
+    assert!(
+        off_schema.starts_with("error=") && off_schema.contains("nothing was changed"),
+        "{off_schema}"
+    );
+    let viewer = Dashboard::new();
+    viewer.sign_in(&s.base, "viewer", PASSWORD).await;
+    let (status, _) = edit_in_dashboard(
+        &s,
+        &viewer,
+        run,
+        approval,
+        step,
+        r#"{"to": "grace@example.com", "subject": "Your lamp", "body": "Free lamps for all."}"#,
+    )
+    .await;
+    assert_eq!(status, 403, "a viewer cannot edit a plan");
+    assert_eq!(
+        s.state.store.approval(approval).await.unwrap().unwrap(),
+        before,
+        "refused edits change nothing"
+    );
+
+    // The lead fixes a sentence of the email.
+    let fixed = r#"{"to": "grace@example.com", "subject": "Your lamp", "body": "Your new lamp ships tomorrow, not today."}"#;
+    let (_, saved) = edit_in_dashboard(&s, &lead, run, approval, step, fixed).await;
+    assert!(
+        saved.starts_with("notice=Saved: lead changed body of step"),
+        "{saved}"
+    );
+    let edited = s.state.store.approval(approval).await.unwrap().unwrap();
+    assert_eq!(edited.status.as_str(), "pending", "saving does not approve");
+    assert_ne!(edited.digest, before.digest);
+
+    // A button drawn before the edit decides nothing; the message is
+    // redrawn to show the edit and the edited call.
+    let answer: Value = s
+        .http
+        .post(format!("{}/_sim/slack/press", s.sims.slack.base_url()))
+        .json(
+            &json!({"saga_key": key, "action_id": "saga_approve", "user_id": LEAD, "stale": true}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["status"], 200, "{answer}");
+    assert!(s.told(LEAD).await.contains("replaced or edited"));
+    assert_eq!(s.run_status(run).await, "AWAITING_APPROVAL");
+    let redrawn = s.updated_to_say(&key, "Edited before deciding").await;
+    assert!(
+        redrawn["blocks"]
+            .to_string()
+            .contains("lead changed body of step"),
+        "{redrawn}"
+    );
+    assert_ne!(redrawn, posted);
+    let page = lead.page(&s.base, &format!("/runs/{run}")).await;
+    assert!(page.contains("Edited before deciding"), "the run page");
+    assert!(page.contains("ships tomorrow, not today"), "the run page");
+
+    // Approved on the redrawn message: the email sent is the edited one, once.
+    s.press(&key, "saga_approve", LEAD).await;
+    s.updated_to_say(&key, "Commit: 1 of 1 steps confirmed")
+        .await;
+    assert_eq!(s.run_status(run).await, "COMPLETED");
+    let mails = s.sims.smtp.ledger().of("email.received");
+    let to_grace: Vec<_> = mails
+        .iter()
+        .filter(|e| e.detail.to_string().contains("grace@example.com"))
+        .collect();
+    assert_eq!(to_grace.len(), 1, "{to_grace:?}");
+    let body = to_grace[0].detail.to_string();
+    assert!(body.contains("ships tomorrow, not today"), "{body}");
+    assert!(!body.contains("A new lamp ships today"), "{body}");
+
+    // The audit trail keeps both versions; the agent reads what changed.
+    let events = s.state.store.events(Some(run), 100).await.unwrap();
+    let line = events
+        .iter()
+        .find(|e| {
+            e.entity == "approval" && e.detail.as_deref().is_some_and(|d| d.starts_with("edited"))
+        })
+        .expect("the edit's audit line");
+    assert_eq!(line.actor, "user:lead");
+    let detail = line.detail.clone().unwrap_or_default();
+    assert!(
+        detail.contains("A new lamp ships today.") && detail.contains("ships tomorrow, not today"),
+        "{detail}"
+    );
+    let view: Value = s
+        .http
+        .get(format!("{}/api/v1/runs/{run}", s.base))
+        .bearer_auth(s.agent_token())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let edits = view["pivot_edits"].as_array().cloned().unwrap_or_default();
+    assert_eq!(edits.len(), 1, "{view}");
+    assert_eq!(edits[0]["changed"], json!(["body"]));
+    assert_eq!(edits[0]["by"], "user:lead");
+    assert_eq!(
+        edits[0]["after"]["body"],
+        "Your new lamp ships tomorrow, not today."
+    );
+}
+
+#[tokio::test]
+async fn sqlite_an_approver_edits_a_commit_step_and_the_commit_sends_the_edited_arguments() {
+    an_approver_edits_a_commit_step_and_the_commit_sends_the_edited_arguments(common::sqlite())
+        .await;
+}
+
+#[tokio::test]
+async fn postgres_an_approver_edits_a_commit_step_and_the_commit_sends_the_edited_arguments() {
+    let Some(db) = common::postgres().await else {
+        return;
+    };
+    an_approver_edits_a_commit_step_and_the_commit_sends_the_edited_arguments(db).await;
 }

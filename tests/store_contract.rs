@@ -1326,6 +1326,75 @@ async fn under_the_two_person_rule_the_first_approval_waits_and_one_rejection_en
     );
 }
 
+async fn an_edit_replaces_a_waiting_plan_only_if_it_is_the_one_edited(store: Store) {
+    let run = new_run(&store, None).await;
+    let approval = store
+        .request_approval(
+            NewApproval {
+                run_id: run.id,
+                kind: ApprovalKind::Pivot,
+                step_idx: None,
+                summary: "refund $900".into(),
+                plan: json!({"commit": [{"step": 1, "args": {"amount": 900}}]}),
+                digest: "d1".into(),
+                expires_at: None,
+                approvers_needed: 2,
+            },
+            Some((RunStatus::Running, RunStatus::AwaitingApproval)),
+            &agent(),
+        )
+        .await
+        .unwrap();
+    let approve = |digest: &str| Decision {
+        approval_id: approval.id,
+        digest: digest.into(),
+        to: ApprovalStatus::Approved,
+        note: None,
+        run_move: Some((RunStatus::AwaitingApproval, RunStatus::Committing)),
+    };
+    let first = store.decide_approval(approve("d1"), &lead()).await.unwrap();
+    assert_eq!(first.first_approver.as_deref(), Some("user:dana"));
+    let change = |digest_before: &str, digest: &str, amount: i64| PlanChange {
+        approval_id: approval.id,
+        digest_before: digest_before.into(),
+        plan: json!({"commit": [{"step": 1, "args": {"amount": amount}}]}),
+        digest: digest.into(),
+        approvers_needed: 1,
+        detail: format!("amount 900 -> {amount}"),
+    };
+    let stale = store.edit_plan(change("d0", "d2", 90), &lead()).await;
+    assert!(matches!(stale, Err(StoreError::PlanChanged)), "{stale:?}");
+    let edited = store
+        .edit_plan(change("d1", "d2", 90), &lead())
+        .await
+        .unwrap();
+    assert_eq!(edited.digest, "d2");
+    assert_eq!(edited.plan["commit"][0]["args"]["amount"], 90);
+    assert_eq!(edited.status, ApprovalStatus::Pending);
+    assert_eq!(edited.approvers_needed, 1);
+    assert_eq!(
+        edited.first_approver, None,
+        "a first approval was of the old plan"
+    );
+    let old_button = store.decide_approval(approve("d1"), &lead()).await;
+    assert!(
+        matches!(old_button, Err(StoreError::PlanChanged)),
+        "{old_button:?}"
+    );
+    let events = store.events(Some(run.id), 50).await.unwrap();
+    assert!(events.iter().any(|e| e.entity == "approval"
+        && e.actor == "user:dana"
+        && e.detail.as_deref() == Some("amount 900 -> 90")));
+    let decided = store.decide_approval(approve("d2"), &lead()).await.unwrap();
+    assert_eq!(decided.status, ApprovalStatus::Approved);
+    let late = store.edit_plan(change("d2", "d3", 9), &lead()).await;
+    assert!(matches!(late, Err(StoreError::Invalid(_))), "{late:?}");
+    assert_eq!(
+        store.approval(approval.id).await.unwrap().unwrap().digest,
+        "d2"
+    );
+}
+
 common::on_both_backends!(
     contract_store;
     runs_are_created_once_per_agent_label,
@@ -1348,6 +1417,7 @@ common::on_both_backends!(
     an_approvals_notice_is_written_once_and_kept_until_done,
     under_the_two_person_rule_the_first_approval_waits_and_one_rejection_ends_it,
     a_signature_is_seen_once_until_it_is_forgotten,
+    an_edit_replaces_a_waiting_plan_only_if_it_is_the_one_edited,
 );
 
 #[tokio::test]

@@ -178,6 +178,48 @@ test('the pivot panel reads as sentences a lead can check, on a desktop and on a
   expect(problems).toEqual([]);
 });
 
+test('a lead fixes a sentence of the email before approving, and the email sent is the edited one', async ({ page, request }) => {
+  const problems = watchForErrors(page);
+  const { run } = await stagePivot(request, 'edit flow');
+  await signIn(page, 'lead');
+  await page.goto(`/runs/${run}`);
+  const panel = page.locator('section.pivot');
+  const email = panel.locator('ol.plan > li').nth(1);
+  const edit = email.locator('details.edit-step');
+  const field = edit.getByLabel(/Arguments \(JSON\)/);
+  await expect(field).toBeHidden();
+  await edit.locator('summary').click();
+  await expect(field).toHaveValue(/"body": "It ships today\."/);
+
+  // Not JSON: refused with a reason, nothing changed.
+  await field.fill('{"to": "grace@example.com", ');
+  await edit.getByRole('button', { name: 'Save the edit' }).click();
+  await expect(page.getByRole('status').first()).toContainText('not JSON');
+  await expect(page.getByText('Edited before deciding')).toHaveCount(0);
+
+  await page.locator('section.pivot ol.plan > li').nth(1).locator('details.edit-step summary').click();
+  await page.locator('section.pivot ol.plan > li').nth(1).getByLabel(/Arguments \(JSON\)/).fill(JSON.stringify({
+    to: 'grace@example.com', subject: 'Your replacement', body: 'Your replacement lamp ships tomorrow morning.',
+  }, null, 2));
+  await page.locator('section.pivot ol.plan > li').nth(1).getByRole('button', { name: 'Save the edit' }).click();
+  await expect(page.getByRole('status').first()).toContainText('Saved: lead changed body of step 3');
+  const edits = page.locator('section.pivot ul.edits');
+  await expect(edits).toContainText('It ships today.');
+  await expect(edits).toContainText('Your replacement lamp ships tomorrow morning.');
+  await panel.screenshot({ path: 'test-results/pivot-panel-edited.png' });
+
+  await page.getByRole('button', { name: 'Approve' }).click();
+  await expect(page.getByText(/approved by lead at/)).toBeVisible();
+  const view = await api(request, 'GET', `/runs/${run}`);
+  expect(view.run.status).toBe('COMPLETED');
+  expect(view.pivot_edits).toHaveLength(1);
+  expect(view.pivot_edits[0].changed).toEqual(['body']);
+  const mails = (await ledger(request, SIM.mailbox)).filter((e) => e.key === view.steps[3].idempotency_key);
+  expect(mails).toHaveLength(1);
+  expect(mails[0].detail.body).toContain('ships tomorrow morning');
+  expect(problems).toEqual([]);
+});
+
 test('rejecting a pivot unwinds the staged steps', async ({ page, request }) => {
   const problems = watchForErrors(page);
   const { run, draftKey, holdRef } = await stagePivot(request, 'reject flow');

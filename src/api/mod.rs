@@ -435,6 +435,12 @@ struct RunView {
     new_step: i64,
     steps: Vec<Step>,
     pivot: Option<Approval>,
+    /// What an approver changed in the pivot's plan before deciding, oldest
+    /// first: each edit's step, tool, the changed fields, the arguments
+    /// before and after, who and when. The commit runs the edited
+    /// arguments, which `pivot.plan` holds.
+    #[schema(value_type = Vec<Object>)]
+    pivot_edits: Vec<crate::saga::model::PlanEdit>,
 }
 
 #[utoipa::path(post, path = "/api/v1/runs", tag = "runs",
@@ -492,7 +498,12 @@ async fn read_run(
         Some(id) => state.store.approval(id).await?,
         None => None,
     };
+    let pivot_edits = pivot
+        .as_ref()
+        .map(|p| crate::saga::model::plan_edits(&p.plan))
+        .unwrap_or_default();
     Ok(Json(RunView {
+        pivot_edits,
         next_step: cursor.next_step,
         new_step: cursor.new_step,
         run,

@@ -170,7 +170,7 @@ async fn decision(engine: &Engine, slack: &SlackApprovals, press: &Press) -> Res
     };
     decided.map_err(|refusal| match refusal {
         Refusal::Store(StoreError::PlanChanged) => {
-            "The plan was replaced after this message was posted, so nothing was decided; the new plan has its own message.".to_owned()
+            "The plan was replaced or edited after this button was drawn, so nothing was decided; decide on the plan as its message now reads.".to_owned()
         }
         Refusal::Store(StoreError::IllegalTransition(_)) => {
             "This approval was already decided; the message shows how.".to_owned()

@@ -125,6 +125,13 @@ pub fn render(facts: &Facts<'_>) -> Shown {
     for (i, call) in facts.calls.iter().enumerate() {
         blocks.push(section(call_lines(i + 1, call)));
     }
+    for edit in crate::saga::model::plan_edits(&approval.plan) {
+        blocks.push(context(format!(
+            ":pencil2: Edited before deciding: {} at {}",
+            escape(&edit.summary()),
+            when(Some(edit.at))
+        )));
+    }
     let deadline = match approval.expires_at {
         Some(at) => format!("decide by {}", when(Some(at))),
         None => "no deadline".to_owned(),

@@ -24,7 +24,7 @@ pub mod upstream;
 
 use crate::saga::class::{Phase, ToolClass};
 use crate::saga::engine::{CallOutcome, Engine, OutcomeKind, Refusal};
-use crate::saga::model::{Actor, Approval, NewRun, Step};
+use crate::saga::model::{plan_edits, Actor, Approval, NewRun, Step};
 use crate::saga::pivot::PlannedCall;
 use crate::saga::registry::{Registry, ToolSpec};
 use crate::saga::status::{ApprovalStatus, RunStatus};
@@ -364,6 +364,19 @@ impl Gateway {
                 true,
             ),
         };
+        let edits = plan_edits(&approval.plan);
+        for edit in &edits {
+            text.push_str(&format!(
+                "\nBefore deciding, {}; the plan {} its arguments as {}",
+                edit.summary(),
+                if approval.status == ApprovalStatus::Approved {
+                    "ran with"
+                } else {
+                    "had"
+                },
+                edit.after
+            ));
+        }
         for step in &commit {
             text.push_str(&format!(
                 "\nstep {}: {} — {}",
@@ -381,6 +394,7 @@ impl Gateway {
             "decided_by": by,
             "decided_at": approval.decided_at,
             "run_status": run.status.as_str(),
+            "edits": edits,
             "commit": commit.iter().map(|s| json!({
                 "step": s.step_idx,
                 "tool": s.tool,

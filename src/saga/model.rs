@@ -264,6 +264,95 @@ pub struct Approval {
     pub first_approved_at: Option<DateTime<Utc>>,
 }
 
+/// A person's edit of one commit step's arguments before the pivot is
+/// decided. The plan keeps every edit, so the audit trail and the agent
+/// both see what the approver changed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlanEdit {
+    pub step: i64,
+    pub tool: String,
+    pub before: Value,
+    pub after: Value,
+    /// The top-level arguments that differ, in order.
+    pub changed: Vec<String>,
+    /// Who edited, as the audit trail stores actors.
+    pub by: String,
+    pub at: DateTime<Utc>,
+}
+
+impl PlanEdit {
+    pub fn new(step: i64, tool: &str, before: Value, after: Value, person: &Actor) -> PlanEdit {
+        let empty = serde_json::Map::new();
+        let (old, new) = (
+            before.as_object().unwrap_or(&empty),
+            after.as_object().unwrap_or(&empty),
+        );
+        let mut changed: Vec<String> = new
+            .iter()
+            .filter(|(field, value)| old.get(*field) != Some(value))
+            .map(|(field, _)| field.clone())
+            .collect();
+        changed.extend(
+            old.keys()
+                .filter(|field| !new.contains_key(*field))
+                .cloned(),
+        );
+        if changed.is_empty() && before != after {
+            changed.push("the arguments".to_owned());
+        }
+        PlanEdit {
+            step,
+            tool: tool.to_owned(),
+            before,
+            after,
+            changed,
+            by: person.to_string(),
+            at: Utc::now(),
+        }
+    }
+
+    /// The edit in one sentence: who changed which fields of which step.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} changed {} of step {} ({})",
+            Actor::parse(&self.by).name(),
+            self.changed.join(", "),
+            self.step,
+            self.tool
+        )
+    }
+
+    /// The audit line: the sentence and both versions of the arguments.
+    pub fn line(&self) -> String {
+        format!(
+            "edited before deciding: {}. Before: {}. After: {}",
+            self.summary(),
+            self.before,
+            self.after
+        )
+    }
+}
+
+/// The edits a pivot plan records (empty for a plan nobody edited).
+pub fn plan_edits(plan: &Value) -> Vec<PlanEdit> {
+    plan.get("edits")
+        .and_then(|edits| serde_json::from_value(edits.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// An edited plan replacing the one an approval waits on, compared and
+/// set on the digest the editor saw.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanChange {
+    pub approval_id: i64,
+    pub digest_before: String,
+    pub plan: Value,
+    pub digest: String,
+    pub approvers_needed: i64,
+    /// The audit line (both versions of the arguments).
+    pub detail: String,
+}
+
 /// A person's decision on an approval, and the run move that goes with it
 /// in the same transaction (AWAITING_APPROVAL → COMMITTING for a pivot).
 #[derive(Clone, Debug, PartialEq)]

@@ -60,43 +60,16 @@ impl Engine {
         }
         self.ensure_earlier_steps_settled(run_id).await?;
         let mut planned = Vec::with_capacity(commit.len());
-        let mut approvers_needed = 1;
         for (i, call) in commit.iter().enumerate() {
-            let spec = self.spec(&call.tool)?;
-            if spec.way_back_only {
-                return Err(Refusal::WayBackOnly(call.tool.clone()));
-            }
-            if spec.class == ToolClass::Pure {
-                return Err(Refusal::InvalidPlan(format!(
-                    "commit step {} ({}) is pure: call it directly, it needs no approval",
-                    i + 1,
-                    call.tool
-                )));
-            }
-            self.check_args(&call.tool, &call.args).map_err(|refusal| {
-                Refusal::InvalidPlan(format!("commit step {} ({refusal})", i + 1))
-            })?;
-            approvers_needed = approvers_needed.max(
-                self.registry()
-                    .approval_policy()
-                    .approvers_for(spec, &call.args),
-            );
             let step = run.next_step + i as i64;
-            let key = step_key(run_id, step, &call.tool);
-            let way_back = spec.way_back(&key, &call.args).map_err(|reason| {
-                Refusal::InvalidPlan(format!("commit step {} ({}): {reason}", i + 1, call.tool))
-            })?;
-            planned.push(json!({
-                "step": step,
-                "tool": call.tool,
-                "args": call.args,
-                "class": spec.class,
-                "audience": spec.audience_for(&call.args),
-                "gated": spec.gated,
-                "reach": reach(&spec.connector, &call.args),
-                "way_back": way_back,
-            }));
+            planned.push(self.planned_call(
+                run_id,
+                step,
+                &format!("commit step {}", i + 1),
+                call,
+            )?);
         }
+        let approvers_needed = self.approvers_needed(&planned);
         let plan = json!({"first_step": run.next_step, "commit": planned});
         let holds_lapse = self
             .store()
@@ -304,6 +277,130 @@ impl Engine {
                 RunStatus::Completed,
                 &Actor::System,
                 Some("every commit step confirmed"),
+            )
+            .await?)
+    }
+
+    /// One commit step as the plan records it: the call, its class,
+    /// audience and reach, and its way back built under the step's own key.
+    /// `label` names the step in a refusal ("commit step 2").
+    fn planned_call(
+        &self,
+        run_id: Uuid,
+        step: i64,
+        label: &str,
+        call: &PlannedCall,
+    ) -> Result<Value, Refusal> {
+        let spec = self.spec(&call.tool)?;
+        if spec.way_back_only {
+            return Err(Refusal::WayBackOnly(call.tool.clone()));
+        }
+        if spec.class == ToolClass::Pure {
+            return Err(Refusal::InvalidPlan(format!(
+                "{label} ({}) is pure: call it directly, it needs no approval",
+                call.tool
+            )));
+        }
+        self.check_args(&call.tool, &call.args)
+            .map_err(|refusal| Refusal::InvalidPlan(format!("{label} ({refusal})")))?;
+        let key = step_key(run_id, step, &call.tool);
+        let way_back = spec
+            .way_back(&key, &call.args)
+            .map_err(|reason| Refusal::InvalidPlan(format!("{label} ({}): {reason}", call.tool)))?;
+        Ok(json!({
+            "step": step,
+            "tool": call.tool,
+            "args": call.args,
+            "class": spec.class,
+            "audience": spec.audience_for(&call.args),
+            "gated": spec.gated,
+            "reach": reach(&spec.connector, &call.args),
+            "way_back": way_back,
+        }))
+    }
+
+    /// How many different people must approve a plan: two when any of its
+    /// calls falls under the two-person rule.
+    fn approvers_needed(&self, planned: &[Value]) -> i64 {
+        let policy = self.registry().approval_policy();
+        planned
+            .iter()
+            .filter_map(|call| Some((self.spec(call["tool"].as_str()?).ok()?, &call["args"])))
+            .map(|(spec, args)| policy.approvers_for(spec, args))
+            .fold(1, i64::max)
+    }
+
+    /// An approver's edit of one commit step's arguments before they
+    /// decide. The new arguments must fit the tool's schema; the step's way
+    /// back, audience and reach are rebuilt from them; the plan gets a new
+    /// digest, so a decision (or a Slack button) bound to the old plan is
+    /// refused, and a first approval under the two-person rule no longer
+    /// counts. The plan keeps each edit (`edits`: before, after, who, when)
+    /// for the audit trail and the agent's answer.
+    pub async fn edit_pivot(
+        &self,
+        approval_id: i64,
+        digest: &str,
+        step: i64,
+        args: Value,
+        person: &Actor,
+    ) -> Result<Approval, Refusal> {
+        let approval = self
+            .store()
+            .approval(approval_id)
+            .await?
+            .filter(|a| a.kind == ApprovalKind::Pivot)
+            .ok_or_else(|| StoreError::NotFound {
+                what: format!("pivot approval {approval_id}"),
+            })?;
+        let _serialised = self.serialise(approval.run_id).await?;
+        if approval.status != ApprovalStatus::Pending {
+            return Err(StoreError::Invalid(format!(
+                "the pivot is {}: only a waiting plan can be edited",
+                approval.status.as_str().to_lowercase()
+            ))
+            .into());
+        }
+        if approval.digest != digest {
+            return Err(StoreError::PlanChanged.into());
+        }
+        let mut plan = approval.plan.clone();
+        let calls = plan["commit"].as_array_mut().ok_or_else(|| {
+            StoreError::Corrupt(format!("pivot {approval_id} has no commit list"))
+        })?;
+        let Some(at) = calls.iter().position(|c| c["step"].as_i64() == Some(step)) else {
+            return Err(Refusal::InvalidPlan(format!("the plan has no step {step}")));
+        };
+        let before = calls[at]["args"].clone();
+        if before == args {
+            return Err(Refusal::InvalidPlan(format!(
+                "step {step}: the arguments are unchanged, nothing to edit"
+            )));
+        }
+        let call = PlannedCall {
+            tool: calls[at]["tool"].as_str().unwrap_or_default().to_owned(),
+            args,
+        };
+        calls[at] = self.planned_call(approval.run_id, step, &format!("step {step}"), &call)?;
+        let approvers_needed = self.approvers_needed(calls);
+        let edit = PlanEdit::new(step, &call.tool, before, call.args, person);
+        let line = edit.line();
+        match plan.get_mut("edits").and_then(Value::as_array_mut) {
+            Some(edits) => edits.push(serde_json::to_value(&edit).expect("an edit serialises")),
+            None => plan["edits"] = json!([edit]),
+        }
+        Ok(self
+            .store()
+            .edit_plan(
+                PlanChange {
+                    approval_id,
+                    digest_before: digest.to_owned(),
+                    digest: plan_digest(&plan),
+                    plan,
+                    approvers_needed,
+                    detail: line,
+                },
+                person,
             )
             .await?)
     }

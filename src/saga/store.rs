@@ -213,6 +213,11 @@ pub trait SagaStore: Send + Sync + 'static {
         run_move: Option<(RunStatus, RunStatus)>,
         actor: &Actor,
     ) -> StoreResult<Approval>;
+    /// Replaces a waiting approval's plan with an approver's edit, if the
+    /// plan is still the one they edited (else `PlanChanged`). A first
+    /// approval under the two-person rule is cleared: it approved the old
+    /// plan. The audit line is appended in the same transaction.
+    async fn edit_plan(&self, change: PlanChange, actor: &Actor) -> StoreResult<Approval>;
     /// Decides a pending request, checking the digest the person saw, and
     /// moves the run in the same transaction. A replay finds it decided.
     async fn decide_approval(&self, decision: Decision, actor: &Actor) -> StoreResult<Approval>;

@@ -1337,6 +1337,58 @@ macro_rules! saga_store_sql {
                 Ok(approval)
             }
 
+            async fn edit_plan(&self, change: PlanChange, actor: &Actor) -> StoreResult<Approval> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let found = query(
+                    "UPDATE approvals SET plan = $1, digest = $2, approvers_needed = $3,
+                         first_approver = NULL, first_approved_at = NULL
+                     WHERE id = $4 AND status = $5 AND digest = $6 RETURNING *",
+                )
+                .bind(Json(&change.plan))
+                .bind(&change.digest)
+                .bind(change.approvers_needed)
+                .bind(change.approval_id)
+                .bind(ApprovalStatus::Pending.as_str())
+                .bind(&change.digest_before)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
+                let Some(row) = found else {
+                    let current = query("SELECT status FROM approvals WHERE id = $1")
+                        .bind(change.approval_id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    return Err(match current {
+                        None => StoreError::NotFound { what: format!("approval {}", change.approval_id) },
+                        Some(row) if text(&row, "status")? == ApprovalStatus::Pending.as_str() => StoreError::PlanChanged,
+                        Some(row) => StoreError::Invalid(format!(
+                            "approval {} is {}: only a waiting plan can be edited",
+                            change.approval_id,
+                            text(&row, "status")?.to_lowercase()
+                        )),
+                    });
+                };
+                let approval = approval_from(&row)?;
+                append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(approval.run_id),
+                        entity: "approval",
+                        entity_id: Some(approval.id),
+                        actor,
+                        from: Some(ApprovalStatus::Pending.as_str()),
+                        to: Some(ApprovalStatus::Pending.as_str()),
+                        detail: Some(change.detail),
+                        at: Utc::now(),
+                    },
+                )
+                .await?;
+                commit(tx).await?;
+                Ok(approval)
+            }
+
             async fn decide_approval(&self, decision: Decision, actor: &Actor) -> StoreResult<Approval> {
                 check_approval_transition(ApprovalStatus::Pending, decision.to)?;
                 let mut conn = self.write(Durability::Durable).await?;

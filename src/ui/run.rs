@@ -77,6 +77,18 @@ pub struct PivotView {
     /// holds), which the commit builds on or a rejection undoes.
     pub staged: Vec<StagedView>,
     pub commit: Vec<PlannedView>,
+    /// What approvers changed before deciding, oldest first.
+    pub edits: Vec<EditView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EditView {
+    /// Who changed which fields of which step.
+    pub summary: String,
+    pub at: String,
+    /// The arguments as the agent (or the previous edit) had them.
+    pub before: String,
+    pub after: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -91,6 +103,8 @@ pub struct StagedView {
 pub struct PlannedView {
     pub step: i64,
     pub words: CallInWords,
+    /// The arguments as JSON, for an approver to edit before deciding.
+    pub args: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -229,9 +243,24 @@ fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
                     <li>
                         <CallWords words=call.words.clone()/>
                         <p class="muted">"Step " {call.step}</p>
+                        {(pending && may).then(|| edit_form(&run, approval, &digest, call))}
                     </li>
                 }).collect_view()}
             </ol>
+            {(!pivot.edits.is_empty()).then(|| view! {
+                <h3>"Edited before deciding"</h3>
+                <ul class="edits">
+                    {pivot.edits.iter().map(|edit| view! {
+                        <li>
+                            <p>{edit.summary.clone()} " at " {edit.at.clone()}</p>
+                            <div class="versions">
+                                <div><p class="muted">"Before"</p><pre class="args">{edit.before.clone()}</pre></div>
+                                <div><p class="muted">"After"</p><pre class="args">{edit.after.clone()}</pre></div>
+                            </div>
+                        </li>
+                    }).collect_view()}
+                </ul>
+            })}
             {decision.map(|d| view! { <p class="decided" role="status">"Decision: " {d}</p> })}
             {pivot.note.clone().map(|n| view! { <p class="muted">{n}</p> })}
             {(pending && may).then(|| view! {
@@ -256,6 +285,37 @@ fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
                 <p class="muted">"Only an approver can decide this pivot."</p>
             })}
         </section>
+    }
+}
+
+/// An approver's edit of one commit step's arguments: the arguments as
+/// JSON, checked against the tool's schema when saved. Saving does not
+/// approve: the panel then shows the edited plan and its way back, and the
+/// approval binds that plan.
+fn edit_form(run: &str, approval: i64, digest: &str, call: &PlannedView) -> impl IntoView {
+    let edit = ServerAction::<EditPivotStep>::new();
+    let field = format!("edit-args-{}", call.step);
+    let rows = call.args.lines().count().clamp(3, 16);
+    let (run, digest, step, args) = (
+        run.to_owned(),
+        digest.to_owned(),
+        call.step,
+        call.args.clone(),
+    );
+    view! {
+        <details class="edit-step">
+            <summary>"Edit this step's arguments"</summary>
+            <ActionForm action=edit>
+                <input type="hidden" name="run" value=run/>
+                <input type="hidden" name="approval" value=approval/>
+                <input type="hidden" name="digest" value=digest/>
+                <input type="hidden" name="step" value=step/>
+                <label for=field.clone()>"Arguments (JSON), checked against the tool's schema"</label>
+                <textarea id=field name="args" rows=rows spellcheck="false">{args}</textarea>
+                <button type="submit">"Save the edit"</button>
+                <p class="muted">"Saving does not approve: you approve the edited plan after you have read it."</p>
+            </ActionForm>
+        </details>
     }
 }
 
@@ -465,6 +525,44 @@ pub async fn decide_pivot(
                 "Pivot {}. The run is now {}.",
                 if approve { "approved" } else { "rejected" },
                 run.status.as_str()
+            )
+        }),
+    )
+    .await;
+    Ok(())
+}
+
+#[server(endpoint = "edit_pivot_step")]
+pub async fn edit_pivot_step(
+    run: String,
+    approval: i64,
+    digest: String,
+    step: i64,
+    args: String,
+) -> Result<(), ServerFnError> {
+    let person = super::ssr::deciding_person().await?;
+    let run = super::ssr::run_id(&run)?;
+    let state = super::ssr::app_state()?;
+    let done = match serde_json::from_str::<serde_json::Value>(&args) {
+        Err(e) => Err(format!(
+            "The arguments of step {step} are not JSON ({e}); nothing was changed."
+        )),
+        Ok(args) => match state.engine.approval_of_run(run, approval).await {
+            Ok(_) => state
+                .engine
+                .edit_pivot(approval, &digest, step, args, &person)
+                .await
+                .map_err(|refusal| format!("{refusal}; nothing was changed.")),
+            Err(refusal) => Err(refusal.to_string()),
+        },
+    };
+    super::ssr::back_to(
+        &format!("/runs/{run}"),
+        done.map(|approval| {
+            let edits = crate::saga::model::plan_edits(&approval.plan);
+            format!(
+                "Saved: {}. Read the edited plan, then approve or reject it.",
+                edits.last().map(|e| e.summary()).unwrap_or_default()
             )
         }),
     )
@@ -750,6 +848,15 @@ pub(crate) mod ssr {
                     .as_array()
                     .map(|calls| calls.iter().map(|call| planned(registry, call)).collect())
                     .unwrap_or_default(),
+                edits: crate::saga::model::plan_edits(&a.plan)
+                    .iter()
+                    .map(|edit| EditView {
+                        summary: edit.summary(),
+                        at: edit.at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+                        before: pretty(&edit.before),
+                        after: pretty(&edit.after),
+                    })
+                    .collect(),
             });
 
         let held = approvals
@@ -906,6 +1013,7 @@ pub(crate) mod ssr {
                 &call["args"],
                 way_back,
             ),
+            args: serde_json::to_string_pretty(&call["args"]).unwrap_or_default(),
         }
     }
 

@@ -200,6 +200,9 @@ impl SagaStore for CrashingStore {
         self.write(self.inner.request_approval(new, run_move, actor))
             .await
     }
+    async fn edit_plan(&self, change: PlanChange, actor: &Actor) -> StoreResult<Approval> {
+        self.write(self.inner.edit_plan(change, actor)).await
+    }
     async fn decide_approval(&self, decision: Decision, actor: &Actor) -> StoreResult<Approval> {
         self.write(self.inner.decide_approval(decision, actor))
             .await
