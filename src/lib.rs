@@ -41,6 +41,8 @@ pub mod serving;
 #[cfg(feature = "ssr")]
 pub mod sim;
 #[cfg(feature = "ssr")]
+pub mod state;
+#[cfg(feature = "ssr")]
 pub mod store;
 
 #[cfg(feature = "hydrate")]

@@ -7,12 +7,13 @@ use crate::connectors::wire::{Timeouts, Wire};
 use crate::connectors::ConnectorSet;
 use crate::saga::engine::Engine;
 use crate::saga::registry::{Registry, RegistryError};
-use crate::saga::store::{SagaStore, StoreError};
+use crate::saga::store::StoreError;
+use crate::state::AppState;
 use crate::store::pooled_sessions::PooledSessions;
 use crate::store::{self, Opened};
 use crate::ui::{self, SessionUser, SESSION_USER_KEY};
 use axum::body::Body;
-use axum::extract::{FromRef, Request};
+use axum::extract::Request;
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -27,31 +28,6 @@ use tokio::net::TcpListener;
 use tower_sessions::cookie::SameSite;
 use tower_sessions::{Expiry, Session, SessionManagerLayer};
 use tower_sessions_sqlx_store::{PostgresStore as PgSessions, SqliteStore as SqliteSessions};
-
-/// What every handler and server function can reach.
-#[derive(Clone)]
-pub struct AppState {
-    pub leptos_options: LeptosOptions,
-    pub store: Arc<dyn SagaStore>,
-    pub registry: Arc<Registry>,
-    pub engine: Arc<Engine>,
-    pub sign_ins: Arc<crate::auth::SignInThrottle>,
-    /// Reverse proxies whose `X-Forwarded-For` names the client.
-    pub trusted_proxies: Arc<Vec<std::net::IpAddr>>,
-    /// The database as opened: its readiness and its pool, for operators.
-    pub opened: Opened,
-    pub metrics: Arc<crate::ops::metrics::Metrics>,
-    /// Set once shutdown has begun (`/readyz` then says so).
-    pub draining: crate::ops::health::Draining,
-    /// Approvals also asked for in Slack, when the tools file says so.
-    pub slack_approvals: Option<Arc<crate::approvals::SlackApprovals>>,
-}
-
-impl FromRef<AppState> for LeptosOptions {
-    fn from_ref(state: &AppState) -> Self {
-        state.leptos_options.clone()
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {

@@ -30,6 +30,7 @@ const NASTY: &[&str] = &[
     "%' AND label LIKE '%",
     "\\'; SELECT pg_sleep(5); --",
     "<script>alert('saga')</script>",
+    "</textarea><script>alert('saga')</script>",
     "<img src=x onerror=alert(1)>",
     "\"><svg/onload=alert(1)>",
     "javascript:alert(1)",

@@ -96,6 +96,10 @@ fn the_quick_benchmark_reports_every_figure_on_sqlite() {
 #[test]
 fn the_quick_benchmark_reports_every_figure_on_postgres() {
     let Ok(url) = std::env::var("SAGA_TEST_POSTGRES_URL") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but SAGA_TEST_POSTGRES_URL is not: the PostgreSQL benchmark cannot be skipped in CI"
+        );
         eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
         return;
     };

@@ -23,7 +23,7 @@ const AGENT: &str = "support-bot";
 
 struct Harness {
     base: String,
-    app_state: saga_harness::server::AppState,
+    app_state: saga_harness::state::AppState,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 

@@ -23,7 +23,7 @@ const AGENT: &str = "support-bot";
 
 struct Harness {
     base: String,
-    state: saga_harness::server::AppState,
+    state: saga_harness::state::AppState,
     token: String,
     sims: Simulators,
     _dir: tempfile::TempDir,

@@ -847,6 +847,16 @@ async fn r10_corrections_are_ranked_gated_and_sent_once(store: Store) {
         .collect();
     assert_eq!(order, vec![public.id, customer.id, internal.id]);
     assert_eq!(customer.message, customer.template);
+    // The inbox reads the same queue, each with its run and logged call.
+    let inbox = store.correction_inbox().await.unwrap();
+    let ids: Vec<i64> = inbox.iter().map(|q| q.correction.id).collect();
+    assert_eq!(ids, order);
+    for queued in &inbox {
+        assert_eq!(queued.run_title, "refund a double charge");
+        let original = queued.original.as_ref().expect("the corrected step");
+        assert_eq!(original.tool, "email.send");
+        assert_eq!(original.args, json!({"amount": 1200, "currency": "eur"}));
+    }
 
     let edited = store
         .edit_correction(customer.id, "Sorry: ignore our last email.", &lead())

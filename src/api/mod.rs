@@ -8,7 +8,7 @@ use crate::saga::engine::{CallOutcome, Refusal};
 use crate::saga::model::{Actor, Approval, NewRun, Run, Step};
 use crate::saga::pivot::PlannedCall;
 use crate::saga::store::StoreError;
-use crate::server::AppState;
+use crate::state::AppState;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;

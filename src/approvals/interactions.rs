@@ -14,7 +14,7 @@ use crate::connectors::slack::signature_matches;
 use crate::saga::engine::{Engine, Refusal};
 use crate::saga::model::{Actor, ApprovalKind, Via};
 use crate::saga::store::StoreError;
-use crate::server::AppState;
+use crate::state::AppState;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

@@ -6,7 +6,7 @@
 use super::stats::{percentile, Better, Figures};
 use super::{Sizes, Target};
 use crate::saga::engine::Engine;
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::store;
 use anyhow::{bail, Context};
 use sqlx::Connection;
@@ -162,7 +162,15 @@ impl Dashboard {
             }
             let run = run_id(i * 7919 % self.runs + 1);
             let at = Instant::now();
-            let sheet = crate::ui::run::ssr::detail(&self.state, run, true).await?;
+            let sheet = crate::ui::run::ssr::detail(
+                &self.state,
+                run,
+                &crate::ui::SessionUser {
+                    username: "lead".into(),
+                    role: crate::saga::class::Role::Approver,
+                },
+            )
+            .await?;
             page.push(at.elapsed().as_secs_f64() * 1e3);
             if sheet.is_none() {
                 bail!("run {run} is missing from the bulk data");

@@ -993,7 +993,7 @@ fn refusal_words(refusal: &Refusal) -> String {
 }
 
 /// `/mcp` and `/mcp/runs/{label}`, each behind the agent's bearer token.
-pub fn router(state: &crate::server::AppState) -> axum::Router<crate::server::AppState> {
+pub fn router(state: &crate::state::AppState) -> axum::Router<crate::state::AppState> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
     let gateway = Gateway::new(state.engine.clone(), &state.registry);
@@ -1051,7 +1051,7 @@ async fn refuse_oversized(
 /// The bearer check in front of the gateway, and the run label from the
 /// path, both handed to the gateway in the request's extensions.
 async fn authenticate(
-    axum::extract::State(state): axum::extract::State<crate::server::AppState>,
+    axum::extract::State(state): axum::extract::State<crate::state::AppState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {

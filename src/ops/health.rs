@@ -4,7 +4,7 @@
 //! listener's router.
 
 use super::metrics::{Metrics, Sources};
-use crate::server::AppState;
+use crate::state::AppState;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};

@@ -50,7 +50,7 @@ pub struct Sources<'a> {
 
 impl<'a> Sources<'a> {
     /// The server's own database and pool.
-    pub fn of(state: &'a crate::server::AppState) -> Sources<'a> {
+    pub fn of(state: &'a crate::state::AppState) -> Sources<'a> {
         Sources {
             store: state.store.as_ref(),
             pool: state.opened.pool_use(),

@@ -21,6 +21,8 @@ pub mod observe;
 #[cfg(feature = "ssr")]
 pub mod pivot;
 #[cfg(feature = "ssr")]
+pub mod questions;
+#[cfg(feature = "ssr")]
 pub mod registry;
 #[cfg(feature = "ssr")]
 pub mod resume;

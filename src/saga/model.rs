@@ -421,6 +421,25 @@ pub struct Correction {
     pub updated_at: DateTime<Utc>,
 }
 
+/// A correction as the inbox lists it, read in one query with its run's
+/// title and the effect it corrects.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueuedCorrection {
+    pub correction: Correction,
+    /// The run's label, or its purpose when it has none.
+    pub run_title: String,
+    /// The step the correction is about; `None` if the log has no such step.
+    pub original: Option<OriginalEffect>,
+}
+
+/// The logged call a correction answers for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OriginalEffect {
+    pub tool: String,
+    pub args: Value,
+    pub external_ref: Option<String>,
+}
+
 /// One line of the append-only audit trail.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Event {

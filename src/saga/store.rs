@@ -283,6 +283,9 @@ pub trait SagaStore: Send + Sync + 'static {
     /// Pending and approved-but-unsent corrections, highest blast radius
     /// first, then oldest first.
     async fn correction_queue(&self) -> StoreResult<Vec<Correction>>;
+    /// The same queue, each with its run's title and the logged call it
+    /// corrects: the corrections inbox, in one query.
+    async fn correction_inbox(&self) -> StoreResult<Vec<QueuedCorrection>>;
 
     // --- audit ------------------------------------------------------------
 

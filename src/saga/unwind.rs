@@ -14,6 +14,7 @@ use super::connector::{outcome_of_lookup, LookupError};
 use super::engine::{Engine, Refusal};
 use super::key::{compensation_key, correction_key};
 use super::model::*;
+use super::questions::may_start_unwind;
 use super::status::{ApprovalStatus, RunStatus, StepStatus};
 use serde_json::Value;
 use uuid::Uuid;
@@ -33,14 +34,11 @@ impl Engine {
                 .run(run_id)
                 .await?
                 .ok_or(Refusal::RunNotFound)?;
-            let may_start = match run.status {
-                RunStatus::Running | RunStatus::Rejected => true,
-                RunStatus::Committing | RunStatus::Completed | RunStatus::NeedsAttention => {
-                    matches!(actor, Actor::User(_))
-                }
-                RunStatus::Unwinding => false,
-                RunStatus::AwaitingApproval => return Err(Refusal::RunAwaitingApproval),
-                status => return Err(Refusal::RunClosed { status }),
+            let may_start = match (run.status, may_start_unwind(run.status, actor)) {
+                (_, Some(may)) => may,
+                (RunStatus::Unwinding, None) => false,
+                (RunStatus::AwaitingApproval, None) => return Err(Refusal::RunAwaitingApproval),
+                (status, None) => return Err(Refusal::RunClosed { status }),
             };
             if run.status != RunStatus::Unwinding {
                 if !may_start {

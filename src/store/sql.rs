@@ -1921,6 +1921,39 @@ macro_rules! saga_store_sql {
                 .collect()
             }
 
+            async fn correction_inbox(&self) -> StoreResult<Vec<QueuedCorrection>> {
+                let rows = query(
+                    "SELECT c.*, COALESCE(r.label, r.purpose) AS run_title,
+                         s.tool AS original_tool, s.args AS original_args,
+                         s.external_ref AS original_ref
+                     FROM corrections c
+                     JOIN runs r ON r.id = c.run_id
+                     LEFT JOIN saga_log s ON s.run_id = c.run_id AND s.step_idx = c.step_idx
+                     WHERE c.status IN ('pending', 'approved')
+                     ORDER BY c.rank DESC, c.created_at, c.id",
+                )
+                .fetch_all(&mut *self.read_conn().await?)
+                .await
+                .map_err(db)?;
+                rows.iter()
+                    .map(|row| {
+                        let original = match opt_text(row, "original_tool")? {
+                            Some(tool) => Some(OriginalEffect {
+                                tool,
+                                args: json(row, "original_args")?,
+                                external_ref: opt_text(row, "original_ref")?,
+                            }),
+                            None => None,
+                        };
+                        Ok(QueuedCorrection {
+                            correction: correction_from(row)?,
+                            run_title: text(row, "run_title")?,
+                            original,
+                        })
+                    })
+                    .collect()
+            }
+
             async fn events(&self, run_id: Option<Uuid>, limit: i64) -> StoreResult<Vec<Event>> {
                 let rows = match run_id {
                     Some(id) => {

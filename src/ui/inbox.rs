@@ -6,6 +6,7 @@
 //! reason.
 
 use super::{Notice, TopBar};
+use crate::saga::status::{CorrectionStatus, StepStatus};
 use leptos::prelude::*;
 use leptos_meta::Title;
 use leptos_router::hooks::use_query_map;
@@ -19,8 +20,9 @@ pub struct InboxItem {
     pub step_idx: i64,
     pub tool: String,
     pub audience: String,
-    pub status: String,
-    pub send_status: Option<String>,
+    pub status: CorrectionStatus,
+    /// The send's own lifecycle once it has been attempted.
+    pub send_status: Option<StepStatus>,
     /// The effect being corrected, in words.
     pub effect: String,
     pub effect_args: String,
@@ -77,17 +79,17 @@ fn inbox_view(inbox: Inbox) -> AnyView {
 fn correction_card(item: InboxItem, may: bool) -> impl IntoView {
     let send = ServerAction::<SendCorrection>::new();
     let dismiss = ServerAction::<DismissCorrection>::new();
-    let pending = item.status == "pending";
+    let pending = item.status == CorrectionStatus::Pending;
     let text_id = format!("message-{}", item.id);
     let reason_id = format!("reason-{}", item.id);
     view! {
         <li class=format!("panel correction audience-{}", item.audience) id=format!("correction-{}", item.id)>
             <div class="call-head">
                 <span class=format!("badge audience-{}", item.audience)>{item.audience.clone()}</span>
-                <span class=super::status_class(&item.status)>{item.status.clone()}</span>
-                {item.send_status.clone().map(|s| {
-                    let class = super::status_class(&s);
-                    view! { <span class=class>"send " {s}</span> }
+                <span class=super::status_class(item.status.as_str())>{item.status.as_str()}</span>
+                {item.send_status.map(|s| {
+                    let class = super::status_class(s.as_str());
+                    view! { <span class=class>"send " {s.as_str()}</span> }
                 })}
                 <span class="muted">{item.age.clone()} " ago"</span>
             </div>
@@ -106,7 +108,7 @@ fn correction_card(item: InboxItem, may: bool) -> impl IntoView {
                     <ActionForm action=send attr:class="correction-form">
                         <input type="hidden" name="id" value=item.id/>
                         <label for=text_id.clone()>"Message (edit before sending)"</label>
-                        <textarea id=text_id name="message" rows="4" required>{item.message.clone()}</textarea>
+                        <textarea id=text_id name="message" rows="4" required>{super::textarea_text(item.message.clone())}</textarea>
                         <button type="submit" class="approve">"Send"</button>
                     </ActionForm>
                     <ActionForm action=dismiss attr:class="inline-form">
@@ -116,7 +118,7 @@ fn correction_card(item: InboxItem, may: bool) -> impl IntoView {
                         <button type="submit" class="reject">"Dismiss"</button>
                     </ActionForm>
                 }.into_any()
-            } else if may && item.send_status.as_deref() == Some("UNKNOWN") {
+            } else if may && item.send_status == Some(StepStatus::Unknown) {
                 view! {
                     <blockquote>{item.message.clone()}</blockquote>
                     <UnknownSendQuestion id=item.id message=item.message.clone()/>
@@ -179,37 +181,32 @@ pub async fn corrections_inbox() -> Result<Inbox, ServerFnError> {
     let state = super::ssr::app_state()?;
     let queue = state
         .store
-        .correction_queue()
+        .correction_inbox()
         .await
         .map_err(super::ssr::internal)?;
     let now = chrono::Utc::now();
     let mut items = Vec::with_capacity(queue.len());
-    for c in queue {
-        let run = state
-            .store
-            .run(c.run_id)
-            .await
-            .map_err(super::ssr::internal)?;
-        let step = state
-            .store
-            .step(c.run_id, c.step_idx)
-            .await
-            .map_err(super::ssr::internal)?;
-        let words = step
+    for queued in queue {
+        let c = queued.correction;
+        let words = queued
+            .original
             .as_ref()
-            .map(|s| state.registry.in_words(&s.tool, &s.args, None));
-        let effect = match (&step, &words, c.source) {
-            (Some(step), Some(words), crate::saga::model::CorrectionSource::Step) => format!(
+            .map(|o| state.registry.in_words(&o.tool, &o.args, None));
+        let reference = |o: &crate::saga::model::OriginalEffect| {
+            o.external_ref.clone().unwrap_or_else(|| "none".into())
+        };
+        let effect = match (&queued.original, &words, c.source) {
+            (Some(original), Some(words), crate::saga::model::CorrectionSource::Step) => format!(
                 "“{}” ran and cannot be taken back (reference {})",
                 words.sentence,
-                step.external_ref.clone().unwrap_or_else(|| "none".into())
+                reference(original)
             ),
-            (Some(step), Some(words), crate::saga::model::CorrectionSource::Compensation) => {
+            (Some(original), Some(words), crate::saga::model::CorrectionSource::Compensation) => {
                 format!(
                     "“{}” was reversed by the unwind after {} saw it (reference {})",
                     words.sentence,
                     c.audience.as_str(),
-                    step.external_ref.clone().unwrap_or_else(|| "none".into())
+                    reference(original)
                 )
             }
             _ => "the step is missing from the log".into(),
@@ -217,14 +214,12 @@ pub async fn corrections_inbox() -> Result<Inbox, ServerFnError> {
         items.push(InboxItem {
             id: c.id,
             run_id: c.run_id.to_string(),
-            run_title: run
-                .map(|r| r.label.unwrap_or(r.purpose))
-                .unwrap_or_default(),
+            run_title: queued.run_title,
             step_idx: c.step_idx,
             tool: c.tool.clone(),
             audience: c.audience.as_str().to_owned(),
-            status: c.status.as_str().to_owned(),
-            send_status: c.send_status.map(|s| s.as_str().to_owned()),
+            status: c.status,
+            send_status: c.send_status,
             effect,
             effect_args: words.map(|w| w.exact).unwrap_or_default(),
             recipients: c.recipients.clone(),
@@ -274,7 +269,6 @@ pub async fn send_correction(id: i64, message: String) -> Result<(), ServerFnErr
 
 #[server(endpoint = "dismiss_correction")]
 pub async fn dismiss_correction(id: i64, reason: String) -> Result<(), ServerFnError> {
-    use crate::saga::status::CorrectionStatus;
     let person = super::ssr::deciding_person().await?;
     let state = super::ssr::app_state()?;
     if reason.trim().is_empty() {

@@ -234,6 +234,22 @@ pub async fn take_flash() -> Result<Option<Flash>, ServerFnError> {
         .map_err(ssr::internal)
 }
 
+/// Text for a `<textarea>`'s content. Leptos writes a textarea's children
+/// into the server's HTML unescaped (it treats the element like `<script>`),
+/// so text holding `</textarea>` would end the element and whatever follows
+/// would be markup. On the server the text is escaped (a textarea decodes
+/// character references, so the field shows the text as it is); in the
+/// browser it becomes a text node, which is never parsed, so it stays as is.
+pub fn textarea_text(text: String) -> String {
+    if cfg!(feature = "ssr") {
+        text.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    } else {
+        text
+    }
+}
+
 /// The CSS class of a status badge: `status status-awaiting-approval`.
 pub fn status_class(status: &str) -> String {
     format!("status status-{}", status.to_lowercase().replace('_', "-"))
@@ -438,7 +454,7 @@ pub mod ssr {
     //! Server-side helpers for the server functions above.
 
     use super::{SessionUser, SESSION_USER_KEY};
-    use crate::server::AppState;
+    use crate::state::AppState;
     use axum::http::StatusCode;
     use leptos::prelude::*;
     use tower_sessions::Session;

@@ -6,6 +6,7 @@
 use super::timeline::Timeline;
 use super::words::CallWords;
 use super::{Notice, TopBar};
+use crate::saga::status::{ApprovalStatus, CorrectionStatus, RunStatus, StepStatus};
 use crate::saga::words::CallInWords;
 use leptos::prelude::*;
 use leptos_meta::Title;
@@ -18,7 +19,7 @@ pub struct RunSheet {
     pub agent: String,
     pub label: Option<String>,
     pub purpose: String,
-    pub status: String,
+    pub status: RunStatus,
     pub age: String,
     pub irreversible_before_pivot: i64,
     pub steps: Vec<StepView>,
@@ -37,7 +38,7 @@ pub struct StepView {
     pub tool: String,
     pub class: String,
     pub audience: String,
-    pub status: String,
+    pub status: StepStatus,
     pub after_pivot: bool,
     /// The call in words, with its pre-written way back.
     pub words: CallInWords,
@@ -56,7 +57,7 @@ pub struct StepView {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CompensationView {
     pub tool: String,
-    pub status: String,
+    pub status: StepStatus,
     pub key: String,
     pub error: Option<String>,
 }
@@ -65,7 +66,7 @@ pub struct CompensationView {
 pub struct PivotView {
     pub approval_id: i64,
     pub digest: String,
-    pub status: String,
+    pub status: ApprovalStatus,
     pub summary: String,
     pub decided_by: Option<String>,
     pub decided_at: Option<String>,
@@ -141,7 +142,7 @@ pub struct CorrectionLine {
     pub id: i64,
     pub step_idx: i64,
     pub audience: String,
-    pub status: String,
+    pub status: CorrectionStatus,
     pub recipients: String,
 }
 
@@ -179,7 +180,7 @@ pub fn RunPage() -> impl IntoView {
 }
 
 fn run_view(run: RunSheet) -> impl IntoView {
-    let status_class = super::status_class(&run.status);
+    let status_class = super::status_class(run.status.as_str());
     let title = run.label.clone().unwrap_or_else(|| run.purpose.clone());
     let may = run.may_decide;
     let id = run.id.clone();
@@ -187,7 +188,7 @@ fn run_view(run: RunSheet) -> impl IntoView {
         <header class="run-head">
             <h1>{title}</h1>
             <p class="meta">
-                <span class=status_class>{run.status.clone()}</span>
+                <span class=status_class>{run.status.as_str()}</span>
                 " · agent " <strong>{run.agent.clone()}</strong>
                 " · started " {run.age.clone()} " ago"
                 " · " <span class:bad=run.irreversible_before_pivot.gt(&0)>
@@ -209,11 +210,11 @@ fn run_view(run: RunSheet) -> impl IntoView {
 }
 
 fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
-    let pending = pivot.status == "pending";
+    let pending = pivot.status == ApprovalStatus::Pending;
     let run = run.to_owned();
     let (approval, digest) = (pivot.approval_id, pivot.digest.clone());
     let decision = match (&pivot.decided_by, &pivot.decided_at) {
-        (Some(by), Some(at)) => Some(format!("{} by {by} at {at}", pivot.status.to_lowercase())),
+        (Some(by), Some(at)) => Some(format!("{} by {by} at {at}", pivot.status.as_str())),
         _ => None,
     };
     let decide = ServerAction::<DecidePivot>::new();
@@ -223,7 +224,7 @@ fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
         <section class="panel pivot" aria-labelledby="pivot-title">
             <h2 id="pivot-title">"Pivot: " {pivot.summary.clone()}</h2>
             <p class="meta">
-                <span class=super::status_class(&pivot.status)>{pivot.status.clone()}</span>
+                <span class=super::status_class(pivot.status.as_str())>{pivot.status.as_str()}</span>
                 {pivot.waiting.clone().filter(|_| pending).map(|waiting| view! { " · " {waiting} })}
             </p>
             {(!pivot.staged.is_empty()).then(|| view! {
@@ -311,7 +312,7 @@ fn edit_form(run: &str, approval: i64, digest: &str, call: &PlannedView) -> impl
                 <input type="hidden" name="digest" value=digest/>
                 <input type="hidden" name="step" value=step/>
                 <label for=field.clone()>"Arguments (JSON), checked against the tool's schema"</label>
-                <textarea id=field name="args" rows=rows spellcheck="false">{args}</textarea>
+                <textarea id=field name="args" rows=rows spellcheck="false">{super::textarea_text(args)}</textarea>
                 <button type="submit">"Save the edit"</button>
                 <p class="muted">"Saving does not approve: you approve the edited plan after you have read it."</p>
             </ActionForm>
@@ -451,7 +452,7 @@ fn steps_list(steps: Vec<StepView>) -> impl IntoView {
                 <li id=format!("step-{}", step.idx) class="step">
                     <p class="step-head">
                         <span class="num">"Step " {step.idx}</span>
-                        <span class=super::status_class(&step.status)>{step.status.clone()}</span>
+                        <span class=super::status_class(step.status.as_str())>{step.status.as_str()}</span>
                         {step.after_pivot.then(|| view! { <span class="badge">"after the pivot"</span> })}
                         {step.external_ref.clone().map(|r| view! { <span class="muted">"ref " <code>{r}</code></span> })}
                     </p>
@@ -468,7 +469,7 @@ fn steps_list(steps: Vec<StepView>) -> impl IntoView {
                     {step.reconciled.clone().map(|r| view! { <p class="muted">{r}</p> })}
                     {step.compensation.clone().map(|c| view! {
                         <p class="way-back">
-                            "Way back " <span class=super::status_class(&c.status)>{c.status.clone()}</span>
+                            "Way back " <span class=super::status_class(c.status.as_str())>{c.status.as_str()}</span>
                             {c.error.map(|e| view! { " " <small class="bad">{e}</small> })}
                         </p>
                     })}
@@ -483,7 +484,7 @@ pub async fn run_detail(id: String) -> Result<RunSheet, ServerFnError> {
     let user = super::ssr::signed_in().await?;
     let state = super::ssr::app_state()?;
     let run_id = super::ssr::run_id(&id)?;
-    ssr::detail(&state, run_id, user.role.can_decide())
+    ssr::detail(&state, run_id, &user)
         .await
         .map_err(super::ssr::internal)?
         .ok_or_else(|| {
@@ -707,9 +708,8 @@ pub(crate) mod ssr {
     use super::*;
     use crate::saga::class::ToolClass;
     use crate::saga::model::{ApprovalKind, Event, Step};
-    use crate::saga::status::{ApprovalStatus, RunStatus, StepStatus};
     use crate::saga::store::StoreError;
-    use crate::server::AppState;
+    use crate::state::AppState;
     use serde_json::Value;
 
     /// What a waiting approval's panel says of its wait: when it expires
@@ -758,11 +758,15 @@ pub(crate) mod ssr {
         Ok((!said.is_empty()).then(|| said.join(" · ")))
     }
 
+    /// The run page as `viewer` sees it: what they may decide and undo is
+    /// the engine's answer for them.
     pub async fn detail(
         state: &AppState,
         run_id: uuid::Uuid,
-        may_decide: bool,
+        viewer: &super::super::SessionUser,
     ) -> Result<Option<RunSheet>, StoreError> {
+        let may_decide = viewer.role.can_decide();
+        let person = crate::saga::model::Actor::User(viewer.username.clone());
         let store = &state.store;
         let Some(run) = store.run(run_id).await? else {
             return Ok(None);
@@ -789,7 +793,7 @@ pub(crate) mod ssr {
                 tool: step.tool.clone(),
                 class: step.tool_class.as_str().to_owned(),
                 audience: step.audience.as_str().to_owned(),
-                status: step.status.as_str().to_owned(),
+                status: step.status,
                 after_pivot: step.phase == crate::saga::class::Phase::AfterPivot,
                 words: registry.in_words(&step.tool, &step.args, step.compensation.as_ref()),
                 key: step.idempotency_key.clone(),
@@ -802,7 +806,7 @@ pub(crate) mod ssr {
                     .find(|c| c.step_idx == step.step_idx)
                     .map(|c| CompensationView {
                         tool: c.tool.clone(),
-                        status: c.status.as_str().to_owned(),
+                        status: c.status,
                         key: c.idempotency_key.clone(),
                         error: c.error.clone(),
                     }),
@@ -815,7 +819,7 @@ pub(crate) mod ssr {
             .map(|a| PivotView {
                 approval_id: a.id,
                 digest: a.digest.clone(),
-                status: a.status.as_str().to_owned(),
+                status: a.status,
                 summary: a.summary.clone(),
                 decided_by: a
                     .decided_by
@@ -875,55 +879,19 @@ pub(crate) mod ssr {
             })
             .collect();
 
-        let questions = if run.status == RunStatus::NeedsAttention {
-            let undoing = compensations
-                .iter()
-                .filter(|c| {
-                    matches!(
-                        c.status,
-                        StepStatus::Failed | StepStatus::Unknown | StepStatus::Intended
-                    )
-                })
-                .map(|c| Question {
-                    about_compensation: true,
-                    may_resend: c.status != StepStatus::Failed,
-                    step_idx: c.step_idx,
-                    tool: c.tool.clone(),
-                    args: pretty(&c.args),
-                    key: c.idempotency_key.clone(),
-                    why: match (&c.error, c.status) {
-                        (Some(error), StepStatus::Failed) => {
-                            format!("the system refused it: {error}")
-                        }
-                        _ => "nobody can tell whether it happened".to_owned(),
-                    },
-                    asked: c
-                        .updated_at
-                        .to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
-                });
-            steps
-                .iter()
-                .filter(|s| s.status == StepStatus::Unknown)
-                .map(|s| Question {
-                    about_compensation: false,
-                    may_resend: true,
-                    step_idx: s.step_idx,
-                    tool: s.tool.clone(),
-                    args: pretty(&s.args),
-                    key: s.idempotency_key.clone(),
-                    why: s
-                        .error
-                        .clone()
-                        .unwrap_or_else(|| "its outcome is unknown and it has no lookup".into()),
-                    asked: s
-                        .updated_at
-                        .to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
-                })
-                .chain(undoing)
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let questions = crate::saga::questions::open_questions(&run, &steps, &compensations)
+            .into_iter()
+            .map(|q| Question {
+                about_compensation: q.about_compensation,
+                may_resend: q.may_resend,
+                step_idx: q.step_idx,
+                tool: q.tool,
+                args: pretty(&q.args),
+                key: q.key,
+                why: q.why,
+                asked: q.asked.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+            })
+            .collect();
 
         let correction_lines = corrections
             .iter()
@@ -931,20 +899,12 @@ pub(crate) mod ssr {
                 id: c.id,
                 step_idx: c.step_idx,
                 audience: c.audience.as_str().to_owned(),
-                status: c.status.as_str().to_owned(),
+                status: c.status,
                 recipients: c.recipients.join(", "),
             })
             .collect();
 
-        // After the pivot only an approver may unwind; before it the agent
-        // usually does, but a person may too.
-        let unwindable = matches!(
-            run.status,
-            RunStatus::Running
-                | RunStatus::Completed
-                | RunStatus::NeedsAttention
-                | RunStatus::Committing
-        ) && steps.iter().any(|s| s.status == StepStatus::Confirmed);
+        let unwindable = crate::saga::questions::person_may_unwind(&run, &steps, &person);
         let unwind_plan = if unwindable {
             let preview = state
                 .engine
@@ -991,7 +951,7 @@ pub(crate) mod ssr {
             agent: run.agent.clone(),
             label: run.label.clone(),
             purpose: run.purpose.clone(),
-            status: run.status.as_str().to_owned(),
+            status: run.status,
             age: crate::ui::ssr::age(now - run.created_at),
             irreversible_before_pivot: run.irreversible_before_pivot,
             steps: step_views,

@@ -3,6 +3,7 @@
 //! time.
 
 use super::{Notice, TopBar};
+use crate::saga::status::RunStatus;
 use leptos::prelude::*;
 use leptos_meta::Title;
 use leptos_router::hooks::use_query_map;
@@ -17,7 +18,7 @@ pub struct RunRow {
     pub id: String,
     pub agent: String,
     pub purpose: String,
-    pub status: String,
+    pub status: RunStatus,
     pub age: String,
     /// Non-pure steps given out so far.
     pub steps: i64,
@@ -32,17 +33,6 @@ pub struct RunsList {
     pub pages: i64,
     pub total: i64,
 }
-
-const STATUSES: [&str; 8] = [
-    "RUNNING",
-    "AWAITING_APPROVAL",
-    "NEEDS_ATTENTION",
-    "COMMITTING",
-    "COMPLETED",
-    "REJECTED",
-    "UNWINDING",
-    "UNWOUND",
-];
 
 #[component]
 pub fn RunsPage() -> impl IntoView {
@@ -71,11 +61,10 @@ pub fn RunsPage() -> impl IntoView {
                         "Status "
                         <select name="status">
                             <option value="" selected=move || status().is_none()>"all"</option>
-                            {STATUSES.iter().map(|s| {
-                                let s = s.to_string();
-                                let value = s.clone();
+                            {RunStatus::ALL.iter().map(|s| {
+                                let s = s.as_str();
                                 view! {
-                                    <option value=s.clone() selected=move || status().as_deref() == Some(value.as_str())>
+                                    <option value=s selected=move || status().as_deref() == Some(s)>
                                         {s.to_lowercase().replace('_', " ")}
                                     </option>
                                 }
@@ -126,14 +115,16 @@ fn runs_table(list: RunsList, status: Option<String>) -> AnyView {
             </thead>
             <tbody>
                 {list.rows.into_iter().map(|row| {
-                    let shown = if row.awaiting_approval && row.status != "AWAITING_APPROVAL" {
-                        "STEP_HELD".to_owned()
+                    // A held single step waits for a person too, in a run
+                    // that is otherwise running.
+                    let shown = if row.awaiting_approval && row.status != RunStatus::AwaitingApproval {
+                        "STEP_HELD"
                     } else {
-                        row.status.clone()
+                        row.status.as_str()
                     };
                     view! {
                         <tr class:attention=row.awaiting_approval>
-                            <td><span class=super::status_class(&shown)>{shown.clone()}</span></td>
+                            <td><span class=super::status_class(shown)>{shown}</span></td>
                             <td>{row.agent}</td>
                             <td><a href=format!("/runs/{}", row.id)>{row.purpose}</a></td>
                             <td>{row.age}</td>
@@ -155,7 +146,6 @@ fn runs_table(list: RunsList, status: Option<String>) -> AnyView {
 
 #[server(endpoint = "runs")]
 pub async fn list_runs(status: Option<String>, page: i64) -> Result<RunsList, ServerFnError> {
-    use crate::saga::status::RunStatus;
     super::ssr::signed_in().await?;
     let state = super::ssr::app_state()?;
     let wanted = match status.as_deref() {
@@ -174,7 +164,6 @@ pub async fn list_runs(status: Option<String>, page: i64) -> Result<RunsList, Se
 pub mod ssr {
     use super::*;
     use crate::saga::model::Run;
-    use crate::saga::status::RunStatus;
     use crate::saga::store::{SagaStore, StoreError};
 
     /// One page of runs: awaiting approval first (a pivot or a held single
@@ -204,7 +193,7 @@ pub mod ssr {
                 agent: run.agent,
                 // A list shows the start of each purpose; the run page has it all.
                 purpose: crate::saga::words::shorten(&run.purpose, 120),
-                status: run.status.as_str().to_owned(),
+                status: run.status,
                 age: crate::ui::ssr::age(now - run.created_at),
                 steps: run.next_step,
                 irreversible_before_pivot: run.irreversible_before_pivot,

@@ -86,7 +86,7 @@ fn lane(
 ) -> impl IntoView {
     let label = format!("{} · {}", step.idx, step.tool);
     let badges = format!("{} · {}", step.class, step.audience);
-    let status = step.status.clone();
+    let status = step.status.as_str();
     let learned = step.reconciled.clone().map(|how| {
         let short = if how.starts_with("answered") {
             "a person"
@@ -102,11 +102,11 @@ fn lane(
             <text x="4" y=y - 3 font-size="13" font-weight="600" fill="#1d2430">{label}</text>
             <text x="4" y=y + 12 font-size="10" fill="#5b6678">{badges}</text>
             <circle cx=x(0) cy=y r="6" fill="#175cd3"><title>{format!("intent written, key {}", step.key)}</title></circle>
-            <line x1=x(0) y1=y x2=x(1) y2=y stroke=colour(&status) stroke-width="3"/>
-            <rect x=x(1) - 55 y=y - 11 width="110" height="22" rx="11" fill=colour(&status)>
+            <line x1=x(0) y1=y x2=x(1) y2=y stroke=colour(status) stroke-width="3"/>
+            <rect x=x(1) - 55 y=y - 11 width="110" height="22" rx="11" fill=colour(status)>
                 <title>{step.error.clone().unwrap_or_else(|| step.external_ref.clone().unwrap_or_default())}</title>
             </rect>
-            <text x=x(1) y=y + 4 font-size="10" text-anchor="middle" fill="#fff" font-weight="700">{status.clone()}</text>
+            <text x=x(1) y=y + 4 font-size="10" text-anchor="middle" fill="#fff" font-weight="700">{status}</text>
             {learned.map(|(short, how)| view! {
                 <g>
                     <circle cx=x(2) cy=y r="9" fill="#fff" stroke="#b54708" stroke-width="2"><title>{how}</title></circle>
@@ -115,22 +115,22 @@ fn lane(
             })}
             {compensation.map(|c| view! {
                 <g>
-                    <path d=format!("M {} {} L {} {}", x(1) + 55, y, x(3) - 50, y) stroke=colour(&c.status) stroke-width="2" marker-end="none"/>
-                    <rect x=x(3) - 50 y=y - 11 width="100" height="22" rx="4" fill="#fff" stroke=colour(&c.status) stroke-width="2">
+                    <path d=format!("M {} {} L {} {}", x(1) + 55, y, x(3) - 50, y) stroke=colour(c.status.as_str()) stroke-width="2" marker-end="none"/>
+                    <rect x=x(3) - 50 y=y - 11 width="100" height="22" rx="4" fill="#fff" stroke=colour(c.status.as_str()) stroke-width="2">
                         <title>{format!("{} (key {}) {}", c.tool, c.key, c.error.clone().unwrap_or_default())}</title>
                     </rect>
-                    <text x=x(3) y=y + 4 font-size="10" text-anchor="middle" fill=colour(&c.status)>{c.status.clone()}</text>
+                    <text x=x(3) y=y + 4 font-size="10" text-anchor="middle" fill=colour(c.status.as_str())>{c.status.as_str()}</text>
                 </g>
             })}
             {correction.map(|c| view! {
                 <g>
                     <polygon
                         points=format!("{},{} {},{} {},{} {},{}", x(4), y - 11, x(4) + 11, y, x(4), y + 11, x(4) - 11, y)
-                        fill=colour(&c.status)
+                        fill=colour(c.status.as_str())
                     >
                         <title>{format!("correction #{} to {} ({})", c.id, c.recipients, c.audience)}</title>
                     </polygon>
-                    <text x=x(4) y=y + 24 font-size="10" text-anchor="middle" fill="#5b6678">{c.status.to_lowercase()}</text>
+                    <text x=x(4) y=y + 24 font-size="10" text-anchor="middle" fill="#5b6678">{c.status.as_str()}</text>
                 </g>
             })}
         </g>

@@ -285,6 +285,9 @@ impl SagaStore for CrashingStore {
     async fn correction_queue(&self) -> StoreResult<Vec<Correction>> {
         self.inner.correction_queue().await
     }
+    async fn correction_inbox(&self) -> StoreResult<Vec<QueuedCorrection>> {
+        self.inner.correction_inbox().await
+    }
     async fn events(&self, run_id: Option<Uuid>, limit: i64) -> StoreResult<Vec<Event>> {
         self.inner.events(run_id, limit).await
     }

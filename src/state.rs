@@ -1,0 +1,37 @@
+//! What every handler, server function and background task can reach: the
+//! store, the registry, the engine and the operators' gauges. It sits below
+//! the API, the dashboard and the server that builds them, so none of them
+//! imports the module that imports it.
+
+use crate::saga::engine::Engine;
+use crate::saga::registry::Registry;
+use crate::saga::store::SagaStore;
+use crate::store::Opened;
+use axum::extract::FromRef;
+use leptos::prelude::LeptosOptions;
+use std::sync::Arc;
+
+/// What every handler and server function can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub leptos_options: LeptosOptions,
+    pub store: Arc<dyn SagaStore>,
+    pub registry: Arc<Registry>,
+    pub engine: Arc<Engine>,
+    pub sign_ins: Arc<crate::auth::SignInThrottle>,
+    /// Reverse proxies whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: Arc<Vec<std::net::IpAddr>>,
+    /// The database as opened: its readiness and its pool, for operators.
+    pub opened: Opened,
+    pub metrics: Arc<crate::ops::metrics::Metrics>,
+    /// Set once shutdown has begun (`/readyz` then says so).
+    pub draining: crate::ops::health::Draining,
+    /// Approvals also asked for in Slack, when the tools file says so.
+    pub slack_approvals: Option<Arc<crate::approvals::SlackApprovals>>,
+}
+
+impl FromRef<AppState> for LeptosOptions {
+    fn from_ref(state: &AppState) -> Self {
+        state.leptos_options.clone()
+    }
+}
