@@ -61,6 +61,23 @@ pub fn visible(text: &str) -> (String, bool) {
     (out, found)
 }
 
+/// `value` as pretty JSON for a person to edit, with every deceptive
+/// character written as a JSON escape (`\u202e`): the text shows what is
+/// there, and parses back to exactly the same value. (Every deceptive
+/// character is in the Basic Multilingual Plane, so one escape each does.)
+pub fn editable_json(value: &serde_json::Value) -> String {
+    let pretty = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
+    let mut out = String::with_capacity(pretty.len());
+    for c in pretty.chars() {
+        if is_deceptive(c) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// An amount in a currency's minor units, as people write it: `$32.00`,
 /// `€12.50`, `¥500`, `12.50 CHF`.
 pub fn money(minor: i64, currency: &str) -> String {
@@ -398,6 +415,16 @@ mod tests {
         assert_eq!(shorten("abcdef", 3), "abc…");
         assert_eq!(shorten("ab", 3), "ab");
         assert_eq!(shorten("ééééé", 2), "éé…");
+    }
+
+    #[test]
+    fn editable_json_shows_hidden_characters_and_parses_back_the_same() {
+        let args = serde_json::json!({"subject": "Refund of \u{202e}00.001$\u{7}", "body": "b\u{2066}x\u{7f}"});
+        let text = editable_json(&args);
+        assert!(!text.chars().any(is_deceptive), "{text}");
+        assert!(text.contains("\\u202e"), "{text}");
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, args);
     }
 
     #[test]

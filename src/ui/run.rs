@@ -973,7 +973,7 @@ pub(crate) mod ssr {
                 &call["args"],
                 way_back,
             ),
-            args: serde_json::to_string_pretty(&call["args"]).unwrap_or_default(),
+            args: crate::saga::words::editable_json(&call["args"]),
         }
     }
 
