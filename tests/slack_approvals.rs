@@ -554,6 +554,8 @@ async fn a_held_step_nobody_decides_expires_as_its_own_outcome_never_a_rejection
         page.contains("if nobody decides"),
         "the deadline on the run page"
     );
+    let list = lead.page(&s.base, "/").await;
+    assert!(list.contains("expires "), "the deadline on the runs list");
 
     let expired = s.updated_to_say(&key, "Expired").await;
     assert!(button_labels(&expired).is_empty(), "{expired}");
@@ -616,6 +618,11 @@ async fn an_approval_nobody_decides_is_escalated_once_to_the_second_channel() {
     })
     .await;
     assert!(page.contains("posted to #support in Slack"), "{page}");
+    let list = lead.page(&s.base, "/").await;
+    assert!(
+        list.contains("escalated"),
+        "the escalation on the runs list"
+    );
 
     // Decided from the escalation: both messages say so, each posted once.
     s.press(&escalation, "saga_approve", LEAD).await;

@@ -24,6 +24,9 @@ pub struct RunRow {
     pub steps: i64,
     pub irreversible_before_pivot: i64,
     pub awaiting_approval: bool,
+    /// For a waiting run, what the wait is: its deadline, whether it was
+    /// escalated, how many approvers it still needs.
+    pub waiting: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -124,7 +127,10 @@ fn runs_table(list: RunsList, status: Option<String>) -> AnyView {
                     };
                     view! {
                         <tr class:attention=row.awaiting_approval>
-                            <td><span class=super::status_class(shown)>{shown}</span></td>
+                            <td>
+                                <span class=super::status_class(shown)>{shown}</span>
+                                {row.waiting.map(|w| view! { <span class="waiting muted">{w}</span> })}
+                            </td>
                             <td>{row.agent}</td>
                             <td><a href=format!("/runs/{}", row.id)>{row.purpose}</a></td>
                             <td>{row.age}</td>
@@ -166,6 +172,35 @@ pub mod ssr {
     use crate::saga::model::Run;
     use crate::saga::store::{SagaStore, StoreError};
 
+    /// What each waiting run's approvals wait on, in a few words: "1 of 2",
+    /// "expires 14:05 UTC", "escalated" (the run page says it in full).
+    async fn waits(
+        store: &dyn SagaStore,
+    ) -> Result<std::collections::HashMap<uuid::Uuid, String>, StoreError> {
+        let mut waits: std::collections::HashMap<uuid::Uuid, Vec<String>> = Default::default();
+        for approval in store.pending_approvals().await? {
+            let said = waits.entry(approval.run_id).or_default();
+            if approval.approvers_needed > 1 {
+                said.push(match approval.first_approver {
+                    Some(_) => format!("1 of {}", approval.approvers_needed),
+                    None => format!("needs {} approvers", approval.approvers_needed),
+                });
+            }
+            if let Some(at) = approval.expires_at {
+                said.push(format!("expires {}", at.format("%H:%M UTC")));
+            }
+            let notices = store.notices(approval.id).await?;
+            if notices.iter().any(|n| n.place == "escalation") {
+                said.push("escalated".to_owned());
+            }
+        }
+        Ok(waits
+            .into_iter()
+            .filter(|(_, said)| !said.is_empty())
+            .map(|(run, said)| (run, said.join(" · ")))
+            .collect())
+    }
+
     /// One page of runs: awaiting approval first (a pivot or a held single
     /// step), then needing a person, then the rest newest first.
     pub async fn list(
@@ -184,11 +219,17 @@ pub mod ssr {
                 .await?
         };
         let now = chrono::Utc::now();
+        let waits = if shown.runs.iter().any(|(_, waiting)| *waiting) {
+            waits(store).await?
+        } else {
+            Default::default()
+        };
         let rows = shown
             .runs
             .into_iter()
             .map(|(run, waiting): (Run, bool)| RunRow {
                 awaiting_approval: waiting,
+                waiting: waits.get(&run.id).cloned(),
                 id: run.id.to_string(),
                 agent: run.agent,
                 // A list shows the start of each purpose; the run page has it all.
