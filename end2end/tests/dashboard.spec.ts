@@ -194,14 +194,18 @@ test('a lead fixes a sentence of the email before approving, and the email sent 
   // Not JSON: refused with a reason, nothing changed.
   await field.fill('{"to": "grace@example.com", ');
   await edit.getByRole('button', { name: 'Save the edit' }).click();
-  await expect(page.getByRole('status').first()).toContainText('not JSON');
+  await expect(page.getByRole('alert').first()).toContainText('not JSON');
   await expect(page.getByText('Edited before deciding')).toHaveCount(0);
 
-  await page.locator('section.pivot ol.plan > li').nth(1).locator('details.edit-step summary').click();
-  await page.locator('section.pivot ol.plan > li').nth(1).getByLabel(/Arguments \(JSON\)/).fill(JSON.stringify({
+  // The page was redrawn: open the editor again unless it stayed open.
+  const editor = page.locator('section.pivot ol.plan > li').nth(1).locator('details.edit-step');
+  if (!(await editor.evaluate((d) => (d as HTMLDetailsElement).open))) {
+    await editor.locator('summary').click();
+  }
+  await editor.getByLabel(/Arguments \(JSON\)/).fill(JSON.stringify({
     to: 'grace@example.com', subject: 'Your replacement', body: 'Your replacement lamp ships tomorrow morning.',
   }, null, 2));
-  await page.locator('section.pivot ol.plan > li').nth(1).getByRole('button', { name: 'Save the edit' }).click();
+  await editor.getByRole('button', { name: 'Save the edit' }).click();
   await expect(page.getByRole('status').first()).toContainText('Saved: lead changed body of step 3');
   const edits = page.locator('section.pivot ul.edits');
   await expect(edits).toContainText('It ships today.');
