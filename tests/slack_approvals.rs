@@ -213,10 +213,23 @@ impl Setup {
 
     /// Presses a button of the message posted with `key`, as `user`.
     async fn press(&self, key: &str, action_id: &str, user: &str) -> Value {
+        self.press_as_drawn(key, action_id, user, false).await
+    }
+
+    /// Presses Approve as `user` on the message posted with `key` as it
+    /// was first posted: a client that has not redrawn it since an update
+    /// still shows those buttons, carrying the plan of then.
+    async fn press_stale_approve(&self, key: &str, user: &str) -> Value {
+        self.press_as_drawn(key, "saga_approve", user, true).await
+    }
+
+    async fn press_as_drawn(&self, key: &str, action_id: &str, user: &str, stale: bool) -> Value {
         let answer: Value = self
             .http
             .post(format!("{}/_sim/slack/press", self.sims.slack.base_url()))
-            .json(&json!({"saga_key": key, "action_id": action_id, "user_id": user}))
+            .json(
+                &json!({"saga_key": key, "action_id": action_id, "user_id": user, "stale": stale}),
+            )
             .send()
             .await
             .unwrap()
@@ -252,14 +265,7 @@ impl Setup {
 
     /// `person` approves the pivot on its run page, as the form posts it.
     async fn approve_in_dashboard(&self, person: &Dashboard, run: Uuid, approval: i64) {
-        let digest = self
-            .state
-            .store
-            .approval(approval)
-            .await
-            .unwrap()
-            .unwrap()
-            .digest;
+        let digest = self.digest(approval).await;
         person
             .post(
                 &self.base,
@@ -273,6 +279,18 @@ impl Setup {
             )
             .await
             .unwrap();
+    }
+
+    /// The digest of the plan approval `approval` waits on now, as its
+    /// forms carry it.
+    async fn digest(&self, approval: i64) -> String {
+        self.state
+            .store
+            .approval(approval)
+            .await
+            .unwrap()
+            .unwrap()
+            .digest
     }
 
     async fn run_status(&self, run: Uuid) -> String {
@@ -455,17 +473,7 @@ async fn a_button_from_a_replaced_plan_decides_nothing_and_its_message_says_so(d
     assert_eq!(button_labels(&new), ["Approve", "Reject"]);
 
     // A client that has not redrawn the old message still shows its buttons.
-    let answer: Value = s
-        .http
-        .post(format!("{}/_sim/slack/press", s.sims.slack.base_url()))
-        .json(&json!({"saga_key": first_key, "action_id": "saga_approve", "user_id": LEAD, "stale": true}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(answer["status"], 200, "{answer}");
+    s.press_stale_approve(&first_key, LEAD).await;
     let told = s.told(LEAD).await;
     assert!(told.contains("The plan was replaced or edited"), "{told}");
     assert_eq!(s.run_status(run).await, "AWAITING_APPROVAL");
@@ -725,14 +733,7 @@ async fn edit_in_dashboard(
     step: i64,
     args: &str,
 ) -> (u16, String) {
-    let digest = s
-        .state
-        .store
-        .approval(approval)
-        .await
-        .unwrap()
-        .unwrap()
-        .digest;
+    let digest = s.digest(approval).await;
     let answer = person
         .post(
             &s.base,
@@ -821,19 +822,7 @@ async fn an_approver_edits_a_commit_step_and_the_commit_sends_the_edited_argumen
 
     // A button drawn before the edit decides nothing; the message is
     // redrawn to show the edit and the edited call.
-    let answer: Value = s
-        .http
-        .post(format!("{}/_sim/slack/press", s.sims.slack.base_url()))
-        .json(
-            &json!({"saga_key": key, "action_id": "saga_approve", "user_id": LEAD, "stale": true}),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(answer["status"], 200, "{answer}");
+    s.press_stale_approve(&key, LEAD).await;
     assert!(s.told(LEAD).await.contains("replaced or edited"));
     assert_eq!(s.run_status(run).await, "AWAITING_APPROVAL");
     let redrawn = s.updated_to_say(&key, "Edited before deciding").await;

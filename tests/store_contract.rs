@@ -35,6 +35,35 @@ async fn new_run(store: &Store, label: Option<&str>) -> Run {
         .0
 }
 
+/// A new run waiting at a pivot (digest `d1`) that `approvers_needed`
+/// people must approve.
+async fn waiting_pivot(
+    store: &Store,
+    summary: &str,
+    plan: serde_json::Value,
+    approvers_needed: i64,
+) -> (Run, Approval) {
+    let run = new_run(store, None).await;
+    let approval = store
+        .request_approval(
+            NewApproval {
+                run_id: run.id,
+                kind: ApprovalKind::Pivot,
+                step_idx: None,
+                summary: summary.into(),
+                plan,
+                digest: "d1".into(),
+                expires_at: None,
+                approvers_needed,
+            },
+            Some((RunStatus::Running, RunStatus::AwaitingApproval)),
+            &agent(),
+        )
+        .await
+        .unwrap();
+    (run, approval)
+}
+
 fn step(run: &Run, idx: i64, tool: &str, class: ToolClass, status: StepStatus) -> NewStep {
     NewStep {
         run_id: run.id,
@@ -1202,24 +1231,8 @@ fn contract_store(store: Store) -> Store {
 }
 
 async fn an_approvals_notice_is_written_once_and_kept_until_done(store: Store) {
-    let run = new_run(&store, None).await;
-    let approval = store
-        .request_approval(
-            NewApproval {
-                run_id: run.id,
-                kind: ApprovalKind::Pivot,
-                step_idx: None,
-                summary: "capture and notify".into(),
-                plan: json!({"commit": []}),
-                digest: "d1".into(),
-                expires_at: None,
-                approvers_needed: 1,
-            },
-            Some((RunStatus::Running, RunStatus::AwaitingApproval)),
-            &agent(),
-        )
-        .await
-        .unwrap();
+    let (run, approval) =
+        waiting_pivot(&store, "capture and notify", json!({"commit": []}), 1).await;
     assert_eq!(
         store.approvals_without_notice().await.unwrap(),
         vec![approval.clone()]
@@ -1275,24 +1288,7 @@ async fn a_signature_is_seen_once_until_it_is_forgotten(store: Store) {
 async fn under_the_two_person_rule_the_first_approval_waits_and_one_rejection_ends_it(
     store: Store,
 ) {
-    let run = new_run(&store, None).await;
-    let approval = store
-        .request_approval(
-            NewApproval {
-                run_id: run.id,
-                kind: ApprovalKind::Pivot,
-                step_idx: None,
-                summary: "refund $900".into(),
-                plan: json!({"commit": []}),
-                digest: "d1".into(),
-                expires_at: None,
-                approvers_needed: 2,
-            },
-            Some((RunStatus::Running, RunStatus::AwaitingApproval)),
-            &agent(),
-        )
-        .await
-        .unwrap();
+    let (run, approval) = waiting_pivot(&store, "refund $900", json!({"commit": []}), 2).await;
     let decision = |to: ApprovalStatus| Decision {
         approval_id: approval.id,
         digest: "d1".into(),
@@ -1337,24 +1333,13 @@ async fn under_the_two_person_rule_the_first_approval_waits_and_one_rejection_en
 }
 
 async fn an_edit_replaces_a_waiting_plan_only_if_it_is_the_one_edited(store: Store) {
-    let run = new_run(&store, None).await;
-    let approval = store
-        .request_approval(
-            NewApproval {
-                run_id: run.id,
-                kind: ApprovalKind::Pivot,
-                step_idx: None,
-                summary: "refund $900".into(),
-                plan: json!({"commit": [{"step": 1, "args": {"amount": 900}}]}),
-                digest: "d1".into(),
-                expires_at: None,
-                approvers_needed: 2,
-            },
-            Some((RunStatus::Running, RunStatus::AwaitingApproval)),
-            &agent(),
-        )
-        .await
-        .unwrap();
+    let (run, approval) = waiting_pivot(
+        &store,
+        "refund $900",
+        json!({"commit": [{"step": 1, "args": {"amount": 900}}]}),
+        2,
+    )
+    .await;
     let approve = |digest: &str| Decision {
         approval_id: approval.id,
         digest: digest.into(),

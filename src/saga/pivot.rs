@@ -136,14 +136,7 @@ impl Engine {
         person: &Actor,
         via: Via,
     ) -> Result<Run, Refusal> {
-        let approval = self
-            .store()
-            .approval(approval_id)
-            .await?
-            .filter(|a| a.kind == ApprovalKind::Pivot)
-            .ok_or_else(|| StoreError::NotFound {
-                what: format!("pivot approval {approval_id}"),
-            })?;
+        let approval = self.pivot_approval(approval_id).await?;
         let run_id = approval.run_id;
         let expired = approval.status == ApprovalStatus::Pending
             && approval
@@ -281,6 +274,19 @@ impl Engine {
             .await?)
     }
 
+    /// The pivot approval `approval_id`; a missing one, or a held step's,
+    /// is not found.
+    async fn pivot_approval(&self, approval_id: i64) -> Result<Approval, Refusal> {
+        Ok(self
+            .store()
+            .approval(approval_id)
+            .await?
+            .filter(|a| a.kind == ApprovalKind::Pivot)
+            .ok_or_else(|| StoreError::NotFound {
+                what: format!("pivot approval {approval_id}"),
+            })?)
+    }
+
     /// One commit step as the plan records it: the call, its class,
     /// audience and reach, and its way back built under the step's own key.
     /// `label` names the step in a refusal ("commit step 2").
@@ -345,14 +351,7 @@ impl Engine {
         args: Value,
         person: &Actor,
     ) -> Result<Approval, Refusal> {
-        let approval = self
-            .store()
-            .approval(approval_id)
-            .await?
-            .filter(|a| a.kind == ApprovalKind::Pivot)
-            .ok_or_else(|| StoreError::NotFound {
-                what: format!("pivot approval {approval_id}"),
-            })?;
+        let approval = self.pivot_approval(approval_id).await?;
         let _serialised = self.serialise(approval.run_id).await?;
         if approval.status != ApprovalStatus::Pending {
             return Err(StoreError::Invalid(format!(

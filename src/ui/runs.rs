@@ -172,13 +172,35 @@ pub mod ssr {
     use crate::saga::model::Run;
     use crate::saga::store::{SagaStore, StoreError};
 
-    /// What each waiting run's approvals wait on, in a few words: "1 of 2",
-    /// "expires 14:05 UTC", "escalated" (the run page says it in full).
+    /// What the waiting runs among `runs` wait on, in a few words: "1 of
+    /// 2", "expires 14:05 UTC", "escalated" (the run page says it in full).
+    /// Two reads, whatever the number of runs: the pending approvals and
+    /// the Slack notices still open (an escalation's stays open until its
+    /// approval's outcome is shown).
     async fn waits(
         store: &dyn SagaStore,
+        runs: &[(Run, bool)],
     ) -> Result<std::collections::HashMap<uuid::Uuid, String>, StoreError> {
+        let waiting: std::collections::HashSet<uuid::Uuid> = runs
+            .iter()
+            .filter(|(_, waiting)| *waiting)
+            .map(|(run, _)| run.id)
+            .collect();
+        if waiting.is_empty() {
+            return Ok(Default::default());
+        }
+        let escalated: std::collections::HashSet<i64> = store
+            .open_notices()
+            .await?
+            .into_iter()
+            .filter(|n| n.place == "escalation")
+            .map(|n| n.approval_id)
+            .collect();
         let mut waits: std::collections::HashMap<uuid::Uuid, Vec<String>> = Default::default();
         for approval in store.pending_approvals().await? {
+            if !waiting.contains(&approval.run_id) {
+                continue;
+            }
             let said = waits.entry(approval.run_id).or_default();
             if approval.approvers_needed > 1 {
                 said.push(match approval.first_approver {
@@ -189,8 +211,7 @@ pub mod ssr {
             if let Some(at) = approval.expires_at {
                 said.push(format!("expires {}", at.format("%H:%M UTC")));
             }
-            let notices = store.notices(approval.id).await?;
-            if notices.iter().any(|n| n.place == "escalation") {
+            if escalated.contains(&approval.id) {
                 said.push("escalated".to_owned());
             }
         }
@@ -219,11 +240,7 @@ pub mod ssr {
                 .await?
         };
         let now = chrono::Utc::now();
-        let waits = if shown.runs.iter().any(|(_, waiting)| *waiting) {
-            waits(store).await?
-        } else {
-            Default::default()
-        };
+        let waits = waits(store, &shown.runs).await?;
         let rows = shown
             .runs
             .into_iter()
