@@ -180,6 +180,7 @@ pub mod ssr {
     async fn waits(
         store: &dyn SagaStore,
         runs: &[(Run, bool)],
+        now: chrono::DateTime<chrono::Utc>,
     ) -> Result<std::collections::HashMap<uuid::Uuid, String>, StoreError> {
         let waiting: std::collections::HashSet<uuid::Uuid> = runs
             .iter()
@@ -209,7 +210,14 @@ pub mod ssr {
                 });
             }
             if let Some(at) = approval.expires_at {
-                said.push(format!("expires {}", at.format("%H:%M UTC")));
+                // The day too, unless it is today: a card hold's deadline
+                // is a week out.
+                let when = if at.date_naive() == now.date_naive() {
+                    at.format("%H:%M UTC")
+                } else {
+                    at.format("%b %-d, %H:%M UTC")
+                };
+                said.push(format!("expires {when}"));
             }
             if escalated.contains(&approval.id) {
                 said.push("escalated".to_owned());
@@ -240,7 +248,7 @@ pub mod ssr {
                 .await?
         };
         let now = chrono::Utc::now();
-        let waits = waits(store, &shown.runs).await?;
+        let waits = waits(store, &shown.runs, now).await?;
         let rows = shown
             .runs
             .into_iter()
