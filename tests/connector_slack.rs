@@ -327,7 +327,8 @@ async fn r4_http_429_ratelimited_is_not_executed() {
     w.fault_on_post(Fault::RateLimit);
     let report = w.slack.execute(POST, "k-rate", &support_post("x")).await;
     assert!(
-        matches!(&report, CallReport::Answered { status: 429, body: Some(b), .. } if b["error"] == "ratelimited"),
+        matches!(&report, CallReport::Deferred { reason, retry_after: Some(wait) }
+            if reason.contains("ratelimited") && *wait == std::time::Duration::from_secs(1)),
         "{report:?}"
     );
     assert!(matches!(

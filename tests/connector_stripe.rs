@@ -342,11 +342,19 @@ async fn r4_429_is_not_executed_and_nothing_happened() {
     s.inject("POST", "/v1/payment_intents", Fault::RateLimit);
     let k = key();
     let report = s.execute("stripe.charge", &k, &payment(700)).await;
-    let CallReport::Answered { status, body, .. } = &report else {
+    let CallReport::Deferred {
+        reason,
+        retry_after,
+    } = &report
+    else {
         panic!("{report:?}")
     };
-    assert_eq!(*status, 429);
-    assert_eq!(body.as_ref().unwrap()["error"]["code"], "rate_limit");
+    assert!(reason.starts_with("HTTP 429: rate limited"), "{reason}");
+    assert_eq!(
+        *retry_after,
+        Some(std::time::Duration::from_secs(1)),
+        "the wait Stripe's Retry-After asked"
+    );
     assert!(matches!(
         s.classify("stripe.charge", &report),
         Classified::NotExecuted { .. }

@@ -337,6 +337,11 @@ async fn r4_429_is_not_executed_with_retry_after_and_nothing_happened() {
     let rig = rig().await;
     rig.inject("POST", "/api/v2/tickets.json", Fault::RateLimit);
     let report = rig.create("k-429").await;
+    assert!(
+        matches!(&report, saga_harness::saga::connector::CallReport::Deferred { retry_after: Some(wait), .. }
+            if *wait == std::time::Duration::from_secs(1)),
+        "{report:?}"
+    );
     assert!(matches!(
         rig.classify(CREATE_TICKET, &report),
         Classified::NotExecuted { .. }

@@ -1115,6 +1115,155 @@ async fn r8_a_refused_compensation_waits_for_a_person_who_undoes_it_by_hand(s: S
     );
 }
 
+/// A run with one ticket opened and `faults` waiting for its close.
+async fn run_whose_close_meets(s: &Setup, faults: &[Fault]) -> Run {
+    let run = s.run().await;
+    s.engine
+        .call(
+            AGENT,
+            run.id,
+            "create_ticket",
+            json!({"summary": "x"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    for fault in faults {
+        s.world.fail_next("tickets.close", fault.clone());
+    }
+    run
+}
+
+/// What the run's latest move to NEEDS_ATTENTION asked a person.
+async fn question_asked(s: &Setup, run_id: uuid::Uuid) -> String {
+    s.store
+        .events(Some(run_id), 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .rev()
+        .find(|e| e.entity == "run" && e.to_status.as_deref() == Some("NEEDS_ATTENTION"))
+        .and_then(|e| e.detail)
+        .unwrap_or_default()
+}
+
+/// The gaps between the calls of `operation` that reached the world.
+fn gaps(s: &Setup, operation: &str) -> Vec<std::time::Duration> {
+    s.world
+        .sent_at(operation)
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .collect()
+}
+
+async fn r8_a_compensation_refused_for_now_is_sent_again_after_the_wait_the_system_asked(s: Setup) {
+    let wait = std::time::Duration::from_millis(1200);
+    let run = run_whose_close_meets(&s, &[Fault::Deferred(Some(wait))]).await;
+    let after = s
+        .engine
+        .unwind(run.id, &Actor::Agent(AGENT.into()), "wrong customer")
+        .await
+        .unwrap();
+    assert_eq!(after.status, RunStatus::Unwound);
+    assert_eq!(s.world.effects("tickets.close").len(), 1, "closed once");
+    assert_eq!(s.world.open_tickets(), 0);
+    let gaps = gaps(&s, "tickets.close");
+    assert_eq!(gaps.len(), 1, "one refusal, one re-send");
+    assert!(
+        gaps[0] >= wait,
+        "re-sent after {:?}, asked {wait:?}",
+        gaps[0]
+    );
+}
+
+async fn r8_a_compensation_still_refused_after_its_re_sends_asks_a_person(s: Setup) {
+    let run = run_whose_close_meets(&s, &vec![Fault::Deferred(None); 5]).await;
+    let after = s
+        .engine
+        .unwind(run.id, &Actor::Agent(AGENT.into()), "wrong customer")
+        .await
+        .unwrap();
+    assert_eq!(after.status, RunStatus::NeedsAttention);
+    assert!(s.world.effects("tickets.close").is_empty());
+    assert_eq!(s.world.open_tickets(), 1, "the ticket is still open");
+    let gaps = gaps(&s, "tickets.close");
+    assert_eq!(gaps.len(), 4, "five sends in all: {gaps:?}");
+    assert!(
+        gaps.windows(2).all(|w| w[1] > w[0]) && gaps[0] >= std::time::Duration::from_millis(250),
+        "each pause longer than the one before: {gaps:?}"
+    );
+    let question = question_asked(&s, run.id).await;
+    assert!(
+        question.contains("was refused for now 5 times") && question.contains("HTTP 429"),
+        "{question}"
+    );
+}
+
+async fn r9_a_commit_step_asked_to_wait_longer_than_the_engine_holds_goes_to_a_person_at_once(
+    s: Setup,
+) {
+    let run = s.run().await;
+    s.world.fail_next(
+        "warehouse.reship",
+        Fault::Deferred(Some(std::time::Duration::from_secs(120))),
+    );
+    let pivot = s
+        .engine
+        .propose_pivot(
+            AGENT,
+            run.id,
+            "reship",
+            plan(&[("reship", json!({"sku": "A1"}))]),
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let after = s
+        .engine
+        .decide_pivot(pivot.id, &pivot.digest, true, &lead(), Via::Dashboard)
+        .await
+        .unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(after.status, RunStatus::NeedsAttention);
+    assert_eq!(after.resume_to, Some(RunStatus::Committing));
+    assert_eq!(
+        s.world.sent_at("warehouse.reship").len(),
+        1,
+        "not sent again"
+    );
+    let question = question_asked(&s, run.id).await;
+    assert!(question.contains("asked to wait 120 s"), "{question}");
+}
+
+async fn r9_a_commit_step_refused_for_now_is_sent_again_after_a_pause(s: Setup) {
+    let run = s.run().await;
+    s.world.fail_next("warehouse.reship", Fault::Deferred(None));
+    let pivot = s
+        .engine
+        .propose_pivot(
+            AGENT,
+            run.id,
+            "reship",
+            plan(&[("reship", json!({"sku": "A1"}))]),
+        )
+        .await
+        .unwrap();
+    let after = s
+        .engine
+        .decide_pivot(pivot.id, &pivot.digest, true, &lead(), Via::Dashboard)
+        .await
+        .unwrap();
+    assert_eq!(after.status, RunStatus::Completed);
+    assert_eq!(
+        s.world.effects("warehouse.reship").len(),
+        1,
+        "reshipped once"
+    );
+    let gaps = gaps(&s, "warehouse.reship");
+    assert_eq!(gaps.len(), 1);
+    assert!(gaps[0] >= std::time::Duration::from_millis(250), "{gaps:?}");
+}
+
 async fn r8_an_unknown_compensation_a_person_says_did_not_happen_is_sent_again_once(s: Setup) {
     let run = s.run().await;
     s.engine
@@ -2105,6 +2254,10 @@ common::on_both_backends!(
     r9_a_pivot_left_pending_past_the_authorisations_is_rejected,
     a_resent_step_of_a_finished_run_is_read_never_executed,
     r7_an_answer_lets_the_waiting_commit_carry_on,
+    r8_a_compensation_refused_for_now_is_sent_again_after_the_wait_the_system_asked,
+    r8_a_compensation_still_refused_after_its_re_sends_asks_a_person,
+    r9_a_commit_step_asked_to_wait_longer_than_the_engine_holds_goes_to_a_person_at_once,
+    r9_a_commit_step_refused_for_now_is_sent_again_after_a_pause,
 );
 
 /// Holds every `tickets.create` until released, as a slow backend would.

@@ -21,6 +21,10 @@ use saga_harness::saga::model::{Actor, NewRun, Via};
 use saga_harness::saga::pivot::PlannedCall;
 use saga_harness::saga::registry::Registry;
 use saga_harness::saga::status::{RunStatus, StepStatus};
+
+/// The properties are about effects, not timing: re-sends of refused
+/// calls pause a millisecond instead of a quarter second.
+const QUICK_RESENDS: std::time::Duration = std::time::Duration::from_millis(1);
 use saga_harness::saga::store::SagaStore;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -52,7 +56,8 @@ impl Case {
             crash_at,
             rng.gen_bool(0.5),
         ));
-        let engine = Engine::new(store, registry.clone(), witness.clone());
+        let engine = Engine::new(store, registry.clone(), witness.clone())
+            .pausing_resends_from(QUICK_RESENDS);
         Case {
             rng,
             inner,
@@ -68,7 +73,8 @@ impl Case {
     async fn restart(&mut self) -> Result<(), String> {
         self.crashes += 1;
         let store = Arc::new(CrashingStore::new(self.inner.clone(), None, false));
-        self.engine = Engine::new(store, self.registry.clone(), self.witness.clone());
+        self.engine = Engine::new(store, self.registry.clone(), self.witness.clone())
+            .pausing_resends_from(QUICK_RESENDS);
         self.engine
             .resume()
             .await

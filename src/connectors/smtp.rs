@@ -30,7 +30,7 @@
 //! |---|---|---|
 //! | 250 after the data | `Answered 200 {message_id, accepted, reply}` | confirmed, ref = Message-ID |
 //! | a 5xx reply to MAIL, RCPT, DATA or to the end of the data | `Answered 422` (`401` for 530/534/535 authentication) | failed |
-//! | a 4xx reply to any of those (451, 452, 421 …) | `Answered 429` | not executed: the server kept nothing |
+//! | a 4xx reply to any of those (451, 452, 421 …) | `Deferred` | not executed: the server kept nothing |
 //! | could not connect, TLS or EHLO or AUTH trouble, a dropped connection or a timeout *before* the data went out | `NotSent` | not executed |
 //! | the connection dropped, or no reply came in time, once the data was being sent | `ResetAfterSend` / `TimedOut` | unknown: the server may have taken the message |
 //!
@@ -360,7 +360,10 @@ impl SmtpConnector {
         let report = self
             .transaction(&mut connection, message_id, envelope, data)
             .await;
-        if matches!(report, CallReport::Answered { .. }) {
+        if matches!(
+            report,
+            CallReport::Answered { .. } | CallReport::Deferred { .. }
+        ) {
             // The outcome is settled; QUIT is a courtesy to a server that
             // is still talking.
             let _ = tokio::time::timeout(self.timeout, connection.quit()).await;
@@ -495,18 +498,26 @@ fn accepted(message_id: &str, envelope: &Envelope, reply: &Response) -> CallRepo
     }
 }
 
-/// The status R4 judges for an SMTP refusal (see the module's table).
+/// The status R4 judges for a permanent SMTP refusal (see the module's
+/// table); a 4xx reply is `Deferred`, not a status.
 fn status_of_refusal(code: u16) -> u16 {
     match code {
         530 | 534 | 535 => 401,
-        500..=599 => 422,
-        _ => 429,
+        _ => 422,
     }
 }
 
 fn report_of_stop(stop: Stop) -> CallReport {
     match stop {
         Stop::BeforeData(reason) => CallReport::NotSent { reason },
+        Stop::Refused {
+            stage,
+            code: 400..=499,
+            response,
+        } => CallReport::Deferred {
+            reason: format!("the SMTP server deferred the message at {stage}: {response}"),
+            retry_after: None,
+        },
         Stop::Refused {
             stage,
             code,
@@ -587,12 +598,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn refusals_map_to_failed_or_not_executed() {
+    fn a_5xx_refusal_fails_and_a_4xx_reply_defers_the_message() {
         assert_eq!(status_of_refusal(550), 422);
         assert_eq!(status_of_refusal(554), 422);
         assert_eq!(status_of_refusal(535), 401);
-        assert_eq!(status_of_refusal(451), 429);
-        assert_eq!(status_of_refusal(421), 429);
+        for code in [421, 451, 452] {
+            let report = report_of_stop(Stop::Refused {
+                stage: "RCPT TO",
+                response: format!("{code} 4.7.1 try again later"),
+                code,
+            });
+            assert_eq!(
+                report,
+                CallReport::Deferred {
+                    reason: format!(
+                        "the SMTP server deferred the message at RCPT TO: {code} 4.7.1 try again later"
+                    ),
+                    retry_after: None,
+                },
+                "{code}"
+            );
+        }
     }
 
     #[test]

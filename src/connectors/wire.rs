@@ -53,7 +53,21 @@ impl Wire {
             Err(err) => return report_of_error(&err),
         };
         let status = response.status().as_u16();
+        let retry_after = retry_after(response.headers(), std::time::SystemTime::now());
         match response.bytes().await {
+            // Refused for now, nothing kept: the caller may send it again,
+            // after the wait the system asked for.
+            Ok(bytes) if status == 429 => CallReport::Deferred {
+                reason: match serde_json::from_slice::<Value>(&bytes)
+                    .ok()
+                    .as_ref()
+                    .and_then(said)
+                {
+                    Some(said) => format!("HTTP 429: rate limited ({said})"),
+                    None => "HTTP 429: rate limited".into(),
+                },
+                retry_after,
+            },
             Ok(bytes) => CallReport::Answered {
                 status,
                 body: serde_json::from_slice(&bytes).ok(),
@@ -92,6 +106,35 @@ impl Wire {
             ))),
         }
     }
+}
+
+/// How long a `Retry-After` header asks the caller to wait: a number of
+/// seconds, or an HTTP date (RFC 9110 §10.2.3). A date already past means
+/// no wait; a header that is neither is ignored.
+pub fn retry_after(
+    headers: &reqwest::header::HeaderMap,
+    now: std::time::SystemTime,
+) -> Option<Duration> {
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// The words a rate-limit body carries, in the common shapes.
+fn said(body: &Value) -> Option<String> {
+    body.pointer("/error/message")
+        .or_else(|| body.get("error").filter(|e| e.is_string()))
+        .or_else(|| body.get("message"))
+        .or_else(|| body.get("description"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
 }
 
 fn report_of_error(err: &reqwest::Error) -> CallReport {
@@ -193,5 +236,39 @@ pub fn check_base_url(connector: &str, url: &str) -> Result<String, String> {
         _ => Err(format!(
             "connector `{connector}`, field `base_url`: {url:?} is not an http(s) URL"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    fn with_retry_after(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(RETRY_AFTER, HeaderValue::from_str(value).unwrap());
+        headers
+    }
+
+    #[test]
+    fn retry_after_is_read_as_seconds_or_as_an_http_date() {
+        // Sun, 06 Nov 1994 08:49:37 GMT, RFC 9110's example date.
+        let now = UNIX_EPOCH + Duration::from_secs(784_111_777);
+        assert_eq!(
+            retry_after(&with_retry_after("120"), now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(
+            retry_after(&with_retry_after("Sun, 06 Nov 1994 08:50:07 GMT"), now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            retry_after(&with_retry_after("Sun, 06 Nov 1994 08:00:00 GMT"), now),
+            Some(Duration::ZERO),
+            "a date already past asks for no wait"
+        );
+        assert_eq!(retry_after(&with_retry_after("soon"), now), None);
+        assert_eq!(retry_after(&HeaderMap::new(), SystemTime::now()), None);
     }
 }

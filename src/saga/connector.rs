@@ -21,6 +21,13 @@ pub enum CallReport {
         /// parameters (Stripe's `idempotency_error`).
         idempotency_conflict: bool,
     },
+    /// The system refused the call for now and kept nothing: HTTP 429, an
+    /// SMTP 4xx reply, Slack's `ratelimited`. `retry_after` is how long it
+    /// asked the caller to wait, when it said.
+    Deferred {
+        reason: String,
+        retry_after: Option<std::time::Duration>,
+    },
     /// The request went out and no answer came back in time.
     TimedOut,
     /// The connection dropped after the request was sent.
@@ -116,6 +123,18 @@ pub fn classify(report: &CallReport, expected: impl Fn(&Value) -> Option<String>
             // so the effect may exist.
             _ => Classified::Unknown {
                 reason: format!("HTTP {status} after the request arrived"),
+            },
+        },
+        CallReport::Deferred {
+            reason,
+            retry_after,
+        } => Classified::NotExecuted {
+            reason: match retry_after {
+                Some(wait) => format!(
+                    "{reason}: nothing was done (the system asked to wait {} s)",
+                    wait.as_secs_f64().ceil() as u64
+                ),
+                None => format!("{reason}: nothing was done"),
             },
         },
         CallReport::TimedOut => Classified::Unknown {
@@ -296,5 +315,19 @@ mod tests {
             classify(&refused, id_field),
             Classified::NotExecuted { .. }
         ));
+    }
+
+    #[test]
+    fn r4_a_call_deferred_by_the_system_is_not_executed_and_says_how_long_to_wait() {
+        let deferred = CallReport::Deferred {
+            reason: "SMTP 451 4.7.1 try again later".into(),
+            retry_after: Some(std::time::Duration::from_millis(1500)),
+        };
+        assert_eq!(
+            classify(&deferred, id_field),
+            Classified::NotExecuted {
+                reason: "SMTP 451 4.7.1 try again later: nothing was done (the system asked to wait 2 s)".into()
+            }
+        );
     }
 }

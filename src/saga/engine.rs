@@ -302,6 +302,10 @@ pub struct Engine {
     /// races its own first attempt.
     run_locks: Mutex<RunLocks>,
     observer: Arc<dyn Observer>,
+    /// The waits systems asked for before a call is sent again.
+    hold_offs: super::resend::HoldOffs,
+    /// The first pause before the engine sends a refused call again.
+    first_resend_pause: std::time::Duration,
 }
 
 impl Engine {
@@ -316,6 +320,8 @@ impl Engine {
             connector,
             run_locks: Mutex::new(RunLocks::default()),
             observer: Arc::new(Unobserved),
+            hold_offs: Default::default(),
+            first_resend_pause: super::resend::FIRST_PAUSE,
         }
     }
 
@@ -323,6 +329,19 @@ impl Engine {
     pub fn observed_by(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = observer;
         self
+    }
+
+    /// The engine, pausing `first` before the first re-send of a refused
+    /// call (and doubling from there) instead of `resend::FIRST_PAUSE`. A
+    /// system's own `Retry-After` is honoured either way.
+    pub fn pausing_resends_from(mut self, first: std::time::Duration) -> Self {
+        self.first_resend_pause = first;
+        self
+    }
+
+    /// The pauses before one call's re-sends.
+    pub(crate) fn resends(&self) -> super::resend::Resends {
+        super::resend::Resends::starting_at(self.first_resend_pause)
     }
 
     pub(crate) fn observer(&self) -> &dyn Observer {
@@ -946,6 +965,16 @@ impl Engine {
         }
     }
 
+    /// Waits before the engine sends the call under `key` again (see
+    /// `saga::resend`); `Err` says why it will not.
+    pub(crate) async fn pause_before_resend(
+        &self,
+        key: &str,
+        resends: &mut super::resend::Resends,
+    ) -> Result<(), String> {
+        resends.pause(self.hold_offs.take(key)).await
+    }
+
     /// NOT_EXECUTED → INTENDED → the call again: same key, logged arguments.
     async fn retry(&self, step: Step) -> Result<Step, Refusal> {
         let step = self
@@ -987,6 +1016,12 @@ impl Engine {
             CallReport::Answered { status, .. } => {
                 span.record("http.status", status);
                 "answered"
+            }
+            CallReport::Deferred { retry_after, .. } => {
+                if let Some(wait) = retry_after {
+                    self.hold_offs.record(key, *wait);
+                }
+                "refused for now"
             }
             CallReport::TimedOut => "timed out",
             CallReport::ResetAfterSend => "connection reset after the request went out",

@@ -25,6 +25,8 @@ pub mod questions;
 #[cfg(feature = "ssr")]
 pub mod registry;
 #[cfg(feature = "ssr")]
+pub mod resend;
+#[cfg(feature = "ssr")]
 pub mod resume;
 #[cfg(feature = "ssr")]
 pub mod store;

@@ -29,9 +29,7 @@ pub struct PlannedCall {
 /// would commit against holds that are gone.
 pub const AUTHORISATION_LIFETIME: chrono::Duration = chrono::Duration::days(7);
 
-/// How many times a commit step is re-sent under its key before a person
-/// is asked.
-const COMMIT_ATTEMPTS: usize = 3;
+use super::resend::SENDS;
 
 impl Engine {
     /// Proposes (or replaces) the run's pivot.
@@ -238,13 +236,27 @@ impl Engine {
                 }
             };
             let mut attempts = 1;
+            let mut resends = self.resends();
             while !matches!(step.status, StepStatus::Confirmed | StepStatus::Compensated) {
                 let question = match step.status {
                     StepStatus::Failed => Some(format!(
                         "commit step {idx} ({tool}) failed: {}. The commit waits for a person",
                         step.error.clone().unwrap_or_default()
                     )),
-                    _ if attempts >= COMMIT_ATTEMPTS => Some(format!(
+                    // Refused for now: sent again only after a pause
+                    // (saga::resend).
+                    StepStatus::NotExecuted => self
+                        .pause_before_resend(&step.idempotency_key, &mut resends)
+                        .await
+                        .err()
+                        .map(|why| {
+                            format!(
+                                "commit step {idx} ({tool}) {why} ({})",
+                                step.error.clone().unwrap_or_default()
+                            )
+                        }),
+                    // Re-sends stop above; lookups stop here.
+                    _ if attempts >= SENDS => Some(format!(
                         "commit step {idx} ({tool}) is still {} after {attempts} attempts",
                         step.status
                     )),

@@ -19,9 +19,7 @@ use super::status::{ApprovalStatus, RunStatus, StepStatus};
 use serde_json::Value;
 use uuid::Uuid;
 
-/// How many times a compensation is re-sent under its key before a person
-/// is asked.
-const COMPENSATION_ATTEMPTS: usize = 3;
+use super::resend::SENDS;
 
 impl Engine {
     /// Starts (or continues) unwinding a run. Agents may unwind a run
@@ -288,6 +286,9 @@ impl Engine {
             Durability::Durable
         };
         let mut attempts = 0;
+        let mut resends = self.resends();
+        // Why the system last refused it for now, for the person asked.
+        let mut refused = None;
         loop {
             let question = |what: String| {
                 format!("the compensation of step {} ({tool}) {what}", step.step_idx)
@@ -300,23 +301,37 @@ impl Engine {
                         row.error.clone().unwrap_or_default()
                     ))))
                 }
-                _ if attempts >= COMPENSATION_ATTEMPTS => {
-                    return Ok(Err(question(format!(
-                        "is still {} after {attempts} attempts",
-                        row.status
-                    ))))
-                }
                 StepStatus::NotExecuted => {
                     unsent = true;
+                    refused = row.error.clone();
                     Outcome::moving(StepStatus::NotExecuted, StepStatus::Intended)
                 }
                 StepStatus::Intended if unsent => {
+                    // A re-send waits (saga::resend); the first send does not.
+                    if attempts > 0 {
+                        if let Err(why) = self
+                            .pause_before_resend(&row.idempotency_key, &mut resends)
+                            .await
+                        {
+                            return Ok(Err(question(match &refused {
+                                Some(refused) => format!("{why} ({refused})"),
+                                None => why,
+                            })));
+                        }
+                    }
                     attempts += 1;
                     unsent = false;
                     crate::failpoint::hit("unwind.before_compensation_call");
                     let outcome = self.send(&operation, &row.idempotency_key, &row.args).await;
                     crate::failpoint::hit("unwind.before_compensation_outcome");
                     outcome
+                }
+                // Re-sends stop in `pause_before_resend`; lookups stop here.
+                _ if attempts >= SENDS => {
+                    return Ok(Err(question(format!(
+                        "is still {} after {attempts} attempts",
+                        row.status
+                    ))))
                 }
                 StepStatus::Intended | StepStatus::Unknown => {
                     attempts += 1;

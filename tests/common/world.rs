@@ -32,6 +32,9 @@ pub enum Fault {
     Status(u16),
     /// The request never leaves.
     Refused,
+    /// Nothing happens; the system refuses for now (a 429, an SMTP 4xx),
+    /// asking the caller to wait this long when given.
+    Deferred(Option<std::time::Duration>),
 }
 
 /// One effect that really happened.
@@ -59,6 +62,8 @@ struct State {
     next_id: u64,
     /// Compensations aimed at something that never existed.
     ghosts: usize,
+    /// Every call that reached the world, effect or not: operation and when.
+    sends: Vec<(String, std::time::Instant)>,
 }
 
 #[derive(Default)]
@@ -99,6 +104,16 @@ impl World {
     /// Every effect, in the order it happened.
     pub fn all_effects(&self) -> Vec<Effect> {
         self.lock().effects.clone()
+    }
+
+    /// When each call of `operation` reached the world, whatever came of it.
+    pub fn sent_at(&self, operation: &str) -> Vec<std::time::Instant> {
+        self.lock()
+            .sends
+            .iter()
+            .filter(|(op, _)| op == operation)
+            .map(|(_, at)| *at)
+            .collect()
     }
 
     pub fn ghosts(&self) -> usize {
@@ -245,12 +260,21 @@ impl World {
 impl Connector for World {
     async fn execute(&self, operation: &str, key: &str, args: &Value) -> CallReport {
         let mut state = self.lock();
+        state
+            .sends
+            .push((operation.to_owned(), std::time::Instant::now()));
         let fault = state
             .faults
             .get_mut(operation)
             .and_then(VecDeque::pop_front);
         match fault {
             Some(Fault::TimeoutWithoutEffect) => return CallReport::TimedOut,
+            Some(Fault::Deferred(retry_after)) => {
+                return CallReport::Deferred {
+                    reason: "HTTP 429: rate limited".into(),
+                    retry_after,
+                }
+            }
             Some(Fault::Refused) => {
                 return CallReport::NotSent {
                     reason: "connection refused".into(),
