@@ -25,6 +25,7 @@ pub mod notifier;
 use crate::connectors::slack::SlackConnector;
 use crate::connectors::wire::{self, Wire};
 use crate::saga::registry::Registry;
+use secrecy::{ExposeSecret as _, SecretString};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -47,7 +48,7 @@ struct Settings {
 pub struct SlackApprovals {
     pub channel: String,
     pub escalate_channel: Option<String>,
-    signing_secret: String,
+    signing_secret: SecretString,
     /// Slack user ID → dashboard username.
     users: BTreeMap<String, String>,
     /// Where the dashboard is reached, for links to a run's page.
@@ -61,7 +62,7 @@ impl fmt::Debug for SlackApprovals {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SlackApprovals")
             .field("channel", &self.channel)
-            .field("signing_secret", &"<hidden>")
+            .field("signing_secret", &self.signing_secret)
             .field("users", &self.users)
             .field("dashboard_url", &self.dashboard_url)
             .finish()
@@ -144,7 +145,7 @@ impl SlackApprovals {
     }
 
     pub fn signing_secret(&self) -> &str {
-        &self.signing_secret
+        self.signing_secret.expose_secret()
     }
 
     /// The dashboard user a Slack user acts as, if the map names one.

@@ -26,11 +26,12 @@
 //! percent-encoded. A way back (undo, compensation) is another operation
 //! named by the tool's `undo` or `compensation`.
 
-use super::wire::{self, Secret, Wire};
+use super::wire::{self, Wire};
 use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
 use crate::saga::registry::fill;
 use async_trait::async_trait;
 use reqwest::Method;
+use secrecy::{ExposeSecret as _, SecretString};
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -96,7 +97,7 @@ fn get() -> String {
 #[derive(Clone, Debug)]
 struct Operation {
     base_url: String,
-    token: Option<Secret>,
+    token: Option<SecretString>,
     method: Method,
     path: String,
     body: Option<Value>,
@@ -144,7 +145,7 @@ impl HttpConnector {
             };
             let token = match &parsed.token_env {
                 Some(variable) => match wire::secret_from_env(&label, "token_env", variable) {
-                    Ok(token) => Some(Secret::new(token)),
+                    Ok(token) => Some(token),
                     Err(e) => {
                         mistakes.push(e);
                         continue;
@@ -201,7 +202,7 @@ impl HttpConnector {
             .client()
             .request(method.clone(), format!("{}{path}", op.base_url));
         if let Some(token) = &op.token {
-            request = request.bearer_auth(token.expose());
+            request = request.bearer_auth(token.expose_secret());
         }
         Ok(request)
     }
@@ -211,7 +212,7 @@ fn operation(
     name: &str,
     op: OperationSettings,
     base_url: &str,
-    token: &Option<Secret>,
+    token: &Option<SecretString>,
 ) -> Result<Operation, Vec<String>> {
     let mut mistakes = Vec::new();
     let method = parse_method(name, "method", &op.method).map_err(|e| mistakes.push(e));

@@ -55,8 +55,8 @@
 use super::wire::{self, Wire};
 use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
 use async_trait::async_trait;
+use secrecy::{ExposeSecret as _, SecretString};
 use serde_json::{json, Value};
-use std::fmt;
 use std::time::Duration;
 
 pub const CREATE_ISSUE: &str = "jira.create_issue";
@@ -100,20 +100,14 @@ impl Flavour {
     }
 }
 
-/// A credential, never shown in `Debug` output.
-#[derive(Clone)]
+/// A credential (redacted in `Debug` output).
+#[derive(Clone, Debug)]
 enum Credential {
-    Basic { email: String, api_token: String },
-    Bearer(String),
-}
-
-impl fmt::Debug for Credential {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Credential::Basic { .. } => f.write_str("Basic(redacted)"),
-            Credential::Bearer(_) => f.write_str("Bearer(redacted)"),
-        }
-    }
+    Basic {
+        email: SecretString,
+        api_token: SecretString,
+    },
+    Bearer(SecretString),
 }
 
 /// Where a compensation is going.
@@ -223,8 +217,10 @@ impl JiraConnector {
 
     fn authed(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.credential {
-            Credential::Basic { email, api_token } => request.basic_auth(email, Some(api_token)),
-            Credential::Bearer(token) => request.bearer_auth(token),
+            Credential::Basic { email, api_token } => {
+                request.basic_auth(email.expose_secret(), Some(api_token.expose_secret()))
+            }
+            Credential::Bearer(token) => request.bearer_auth(token.expose_secret()),
         }
     }
 
@@ -493,7 +489,7 @@ impl JiraConnector {
 
 fn credential(table: &toml::Table, flavour: Flavour) -> Result<Credential, Vec<String>> {
     let mut mistakes = Vec::new();
-    let secret = |field: &str, mistakes: &mut Vec<String>| -> Option<String> {
+    let secret = |field: &str, mistakes: &mut Vec<String>| -> Option<SecretString> {
         let variable = wire::setting(table, NAME, field)
             .map_err(|e| mistakes.push(e))
             .ok()?;

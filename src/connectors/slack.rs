@@ -35,9 +35,9 @@ use super::wire::{self, Wire};
 use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
 use async_trait::async_trait;
 use reqwest::header::CONTENT_TYPE;
+use secrecy::{ExposeSecret as _, SecretString};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::fmt;
 
 const POST: &str = "slack.post";
 const DELETE: &str = "slack.delete";
@@ -57,22 +57,12 @@ struct Settings {
 }
 
 /// Posts and deletes Slack messages through the Web API.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct SlackConnector {
     wire: Wire,
     base_url: String,
-    token: String,
+    token: SecretString,
     history_pages: u32,
-}
-
-impl fmt::Debug for SlackConnector {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SlackConnector")
-            .field("base_url", &self.base_url)
-            .field("token", &"<hidden>")
-            .field("history_pages", &self.history_pages)
-            .finish()
-    }
 }
 
 /// The signature Slack puts in `X-Slack-Signature` on every request it
@@ -270,7 +260,7 @@ impl SlackConnector {
         .unwrap_or_default();
         let token = wire::secret_from_env("slack", "token_env", &settings.token_env)
             .map_err(|e| mistakes.push(e))
-            .unwrap_or_default();
+            .unwrap_or_else(|()| SecretString::from(""));
         let history_pages = settings.history_pages.unwrap_or(DEFAULT_HISTORY_PAGES);
         if history_pages == 0 {
             mistakes
@@ -296,14 +286,14 @@ impl SlackConnector {
         self.wire
             .client()
             .get(format!("{}/api/{method}", self.base_url))
-            .bearer_auth(&self.token)
+            .bearer_auth(self.token.expose_secret())
     }
 
     fn post_json(&self, method: &str, body: &Value) -> reqwest::RequestBuilder {
         self.wire
             .client()
             .post(format!("{}/api/{method}", self.base_url))
-            .bearer_auth(&self.token)
+            .bearer_auth(self.token.expose_secret())
             .header(CONTENT_TYPE, "application/json; charset=utf-8")
             .body(body.to_string())
     }

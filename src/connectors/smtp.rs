@@ -51,6 +51,7 @@ use lettre::transport::smtp::commands::{self, Data, Rcpt};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
 use lettre::transport::smtp::response::Response;
 use lettre::Message;
+use secrecy::ExposeSecret as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::fmt;
@@ -181,7 +182,10 @@ impl SmtpConnector {
                 let password = super::wire::secret_from_env("smtp", "password_env", password)
                     .map_err(|e| mistakes.push(e));
                 match (user, password) {
-                    (Ok(user), Ok(password)) => Some(Credentials::new(user, password)),
+                    (Ok(user), Ok(password)) => Some(Credentials::new(
+                        user.expose_secret().to_owned(),
+                        password.expose_secret().to_owned(),
+                    )),
                     _ => None,
                 }
             }

@@ -35,8 +35,8 @@ use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
 use async_trait::async_trait;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use reqwest::RequestBuilder;
+use secrecy::{ExposeSecret as _, SecretString};
 use serde_json::{json, Value};
-use std::fmt;
 
 const NAME: &str = "stripe";
 const FIELDS: &[&str] = &["base_url", "secret_key_env", "api_version"];
@@ -91,22 +91,12 @@ impl Operation {
     }
 }
 
-/// The secret key; never printed.
-#[derive(Clone)]
-struct SecretKey(String);
-
-impl fmt::Debug for SecretKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SecretKey(redacted)")
-    }
-}
-
 /// Stripe's PaymentIntents and Refunds, by the `[connectors.stripe]` table.
 #[derive(Clone, Debug)]
 pub struct StripeConnector {
     wire: Wire,
     base_url: String,
-    secret_key: SecretKey,
+    secret_key: SecretString,
     api_version: Option<String>,
 }
 
@@ -125,8 +115,8 @@ impl StripeConnector {
         let secret_key = wire::setting(table, NAME, "secret_key_env")
             .and_then(|variable| {
                 let key = wire::secret_from_env(NAME, "secret_key_env", variable)?;
-                if key.starts_with("sk_") || key.starts_with("rk_") {
-                    Ok(SecretKey(key))
+                if key.expose_secret().starts_with("sk_") || key.expose_secret().starts_with("rk_") {
+                    Ok(key)
                 } else {
                     Err(format!(
                         "connector `{NAME}`, field `secret_key_env`: the environment variable {variable} does not hold a Stripe secret or restricted key (one starting sk_ or rk_)"
@@ -161,7 +151,7 @@ impl StripeConnector {
     }
 
     fn authorised(&self, request: RequestBuilder) -> RequestBuilder {
-        let request = request.bearer_auth(&self.secret_key.0);
+        let request = request.bearer_auth(self.secret_key.expose_secret());
         match &self.api_version {
             Some(version) => request.header("Stripe-Version", version),
             None => request,
@@ -805,7 +795,16 @@ mod tests {
 
     #[test]
     fn the_secret_key_never_prints() {
-        let key = SecretKey("sk_test_very_secret".into());
-        assert!(!format!("{key:?}").contains("very_secret"));
+        let connector = StripeConnector {
+            wire: Wire::new(&Default::default()),
+            base_url: "http://127.0.0.1:1".into(),
+            secret_key: "sk_test_very_secret".into(),
+            api_version: None,
+        };
+        let shown = format!("{connector:?}");
+        assert!(
+            shown.contains("127.0.0.1") && !shown.contains("very_secret"),
+            "{shown}"
+        );
     }
 }

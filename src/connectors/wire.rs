@@ -174,31 +174,16 @@ fn describe(err: &reqwest::Error) -> String {
     }
 }
 
-/// A credential: kept out of `Debug` output, logs and messages.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: String) -> Self {
-        Secret(value)
-    }
-
-    /// The value, for the one place that sends it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-/// A credential named in the tools file, read from the environment.
-pub fn secret_from_env(connector: &str, field: &str, variable: &str) -> Result<String, String> {
+/// A credential named in the tools file, read from the environment. It
+/// stays a `SecretString` (redacted in `Debug`, zeroed when dropped) up to
+/// the one place that sends it.
+pub fn secret_from_env(
+    connector: &str,
+    field: &str,
+    variable: &str,
+) -> Result<secrecy::SecretString, String> {
     match std::env::var(variable) {
-        Ok(value) if !value.trim().is_empty() => Ok(value),
+        Ok(value) if !value.trim().is_empty() => Ok(value.into()),
         _ => Err(format!(
             "connector `{connector}`, field `{field}`: the environment variable {variable} is not set"
         )),

@@ -50,8 +50,8 @@ use super::jira::settle;
 use super::wire::{self, Wire};
 use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
 use async_trait::async_trait;
+use secrecy::{ExposeSecret as _, SecretString};
 use serde_json::{json, Value};
-use std::fmt;
 use std::time::Duration;
 
 pub const CREATE_TICKET: &str = "zendesk.create_ticket";
@@ -69,17 +69,11 @@ pub fn saga_tag(key: &str) -> String {
     format!("saga-{key}")
 }
 
-/// The agent's email and API token, never shown in `Debug` output.
-#[derive(Clone)]
+/// The agent's email and API token (redacted in `Debug` output).
+#[derive(Clone, Debug)]
 struct Credential {
-    email: String,
-    api_token: String,
-}
-
-impl fmt::Debug for Credential {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Basic(redacted)")
-    }
+    email: SecretString,
+    api_token: SecretString,
 }
 
 #[derive(Clone, Debug)]
@@ -104,7 +98,7 @@ impl ZendeskConnector {
         let base_url = wire::base_url(table, NAME)
             .map_err(|e| mistakes.push(e))
             .ok();
-        let mut secret = |field: &str| -> Option<String> {
+        let mut secret = |field: &str| -> Option<SecretString> {
             let variable = wire::setting(table, NAME, field)
                 .map_err(|e| mistakes.push(e))
                 .ok()?;
@@ -141,8 +135,8 @@ impl ZendeskConnector {
             .client()
             .request(method, format!("{}/api/v2{rest}", self.base_url))
             .basic_auth(
-                format!("{}/token", self.credential.email),
-                Some(&self.credential.api_token),
+                format!("{}/token", self.credential.email.expose_secret()),
+                Some(self.credential.api_token.expose_secret()),
             )
     }
 
@@ -440,6 +434,16 @@ mod tests {
             },
             settle: Duration::ZERO,
         }
+    }
+
+    #[test]
+    fn the_credential_stays_out_of_debug_output() {
+        let shown = format!("{:?}", connector());
+        assert!(shown.contains("127.0.0.1"), "{shown}");
+        assert!(
+            !shown.contains("secret-token") && !shown.contains("agent@example.com"),
+            "{shown}"
+        );
     }
 
     #[test]
