@@ -277,14 +277,18 @@ impl Application {
         let served = crate::serving::serve(self.listener, self.router, self.limits, shutdown)
             .await
             .map_err(ServerError::Serve);
-        sweeper.abort();
-        expirer.abort();
-        recorder.abort();
-        if let Some(notifier) = notifier {
-            notifier.abort();
-        }
-        if let Some(metrics_server) = metrics_server {
-            metrics_server.abort();
+        // Stopped and gone before returning: whoever opens the saga log
+        // next (a restart in the same process) finds it let go.
+        let background = [
+            Some(sweeper),
+            Some(expirer),
+            Some(recorder),
+            notifier,
+            metrics_server,
+        ];
+        for task in background.into_iter().flatten() {
+            task.abort();
+            let _ = task.await;
         }
         served
     }

@@ -3,6 +3,8 @@
 //! produce, R5 (the key travels as `Idempotency-Key` and as the reference),
 //! R7 (lookup by key), and the ways back declared in tools/support.toml.
 
+mod common;
+
 use saga_harness::connectors::http::HttpConnector;
 use saga_harness::connectors::wire::{Timeouts, Wire};
 use saga_harness::saga::connector::{classify, CallReport, Classified, Connector, Lookup};
@@ -190,7 +192,10 @@ async fn r4_a_timeout_is_unknown_never_failed() {
         Classified::Unknown { .. }
     ));
     // The effect landed although the answer never came.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    common::until("the draft the timed-out call made", || async {
+        (!b.orders.ledger.of("draft.created").is_empty()).then_some(())
+    })
+    .await;
     assert_eq!(b.orders.ledger.of("draft.created").len(), 1);
 }
 
@@ -261,13 +266,15 @@ async fn r7_search_lag_hides_a_new_effect_until_it_settles_and_never_done_is_not
         .await
         .unwrap();
     assert_eq!(early, Lookup::NotFound, "the index has not caught up");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let later = b
-        .connector
-        .lookup("orders.create_draft", "k-lag", &draft_args())
-        .await
-        .unwrap();
-    assert!(matches!(later, Lookup::FoundSucceeded { .. }));
+    common::until("the index to catch up", || async {
+        let later = b
+            .connector
+            .lookup("orders.create_draft", "k-lag", &draft_args())
+            .await
+            .unwrap();
+        matches!(later, Lookup::FoundSucceeded { .. }).then_some(())
+    })
+    .await;
     let never = b
         .connector
         .lookup("orders.create_draft", "k-never", &draft_args())

@@ -3,6 +3,8 @@
 //! produce, the label that carries the key (R5), lookups by it (R7), and
 //! the close / reopen compensations (R8).
 
+mod common;
+
 use saga_harness::connectors::jira::{saga_label, JiraConnector, CLOSE, CREATE_ISSUE, REOPEN};
 use saga_harness::connectors::wire::{Timeouts, Wire};
 use saga_harness::connectors::ConnectorSet;
@@ -375,12 +377,15 @@ async fn r7_lookup_under_search_lag_misses_first_then_finds() {
             Lookup::NotFound,
             "{flavour}: the index has not caught up"
         );
-        tokio::time::sleep(Duration::from_millis(350)).await;
-        let again = rig
-            .jira
-            .lookup(CREATE_ISSUE, "k-lag", &json!({}))
-            .await
-            .unwrap();
+        let again = common::until("the search index to catch up", || async {
+            let again = rig
+                .jira
+                .lookup(CREATE_ISSUE, "k-lag", &json!({}))
+                .await
+                .unwrap();
+            (again != Lookup::NotFound).then_some(again)
+        })
+        .await;
         assert_eq!(found_ref(&again), "SUP-1", "{flavour}");
     }
 }

@@ -4,6 +4,8 @@
 //! deleting it.
 #![cfg(feature = "ssr")]
 
+mod common;
+
 use saga_harness::connectors::slack::SlackConnector;
 use saga_harness::connectors::wire::{Timeouts, Wire};
 use saga_harness::connectors::ConnectorSet;
@@ -384,7 +386,10 @@ async fn r7_lookup_under_search_lag_finds_the_post_on_the_second_look() {
         w.slack.lookup(POST, "k-lag", &args).await.unwrap(),
         Lookup::NotFound
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    common::until("the history to catch up", || async {
+        (w.slack.lookup(POST, "k-lag", &args).await.unwrap() != Lookup::NotFound).then_some(())
+    })
+    .await;
     w.lookup_finds_exactly_one("k-lag", &args).await;
 }
 

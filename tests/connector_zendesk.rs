@@ -3,6 +3,8 @@
 //! `external_id` (R5), lookups by it (R7), and the close / delete ways back
 //! (R8).
 
+mod common;
+
 use saga_harness::connectors::wire::{Timeouts, Wire};
 use saga_harness::connectors::zendesk::{
     ZendeskConnector, CLOSE_TICKET, CREATE_TICKET, DELETE_TICKET,
@@ -385,12 +387,15 @@ async fn r7_lookup_under_search_lag_misses_first_then_finds() {
         .await
         .unwrap();
     assert_eq!(first, Lookup::NotFound, "the listing has not caught up");
-    tokio::time::sleep(Duration::from_millis(350)).await;
-    let again = rig
-        .zendesk
-        .lookup(CREATE_TICKET, "k-lag", &json!({}))
-        .await
-        .unwrap();
+    let again = common::until("the listing to catch up", || async {
+        let again = rig
+            .zendesk
+            .lookup(CREATE_TICKET, "k-lag", &json!({}))
+            .await
+            .unwrap();
+        (again != Lookup::NotFound).then_some(again)
+    })
+    .await;
     assert_eq!(found_ref(&again), "1");
 }
 

@@ -24,7 +24,24 @@ const AGENT: &str = "support-bot";
 struct Harness {
     base: String,
     app_state: saga_harness::state::AppState,
-    _stop: tokio::sync::oneshot::Sender<()>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<()>,
+}
+
+impl Harness {
+    /// Stops serving and waits until the server has let go of everything,
+    /// the saga log's file included.
+    async fn stop(self) {
+        let Harness {
+            stop,
+            served,
+            app_state,
+            ..
+        } = self;
+        drop(app_state);
+        let _ = stop.send(());
+        served.await.unwrap();
+    }
 }
 
 async fn start_harness(database_url: &str, tools: PathBuf, token: Option<&str>) -> Harness {
@@ -51,13 +68,18 @@ async fn start_harness(database_url: &str, tools: PathBuf, token: Option<&str>) 
     let base = format!("http://{}/api/v1", app.local_addr());
     let app_state = app.state().clone();
     let (stop, stopped) = tokio::sync::oneshot::channel();
-    tokio::spawn(app.serve(async {
-        let _ = stopped.await;
-    }));
+    let served = tokio::spawn(async move {
+        app.serve(async {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+    });
     Harness {
         base,
         app_state,
-        _stop: stop,
+        stop,
+        served,
     }
 }
 
@@ -175,8 +197,7 @@ async fn the_seed_incident_over_real_http(db: common::TestDb) {
     connectors
         .execute("stripe.charge", &key, &charge_args)
         .await;
-    drop(harness);
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    harness.stop().await;
 
     // A new process over the same log: resume finds the charge in Stripe.
     let harness = start_harness(&db.url, tools.clone(), None).await;

@@ -19,7 +19,7 @@ use saga_harness::sim::bundle::{use_simulated_credentials, Simulators};
 use saga_harness::sim::{Effect, Fault as SimFault, FaultRule};
 use saga_harness::state::AppState;
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use uuid::Uuid;
 
 const AGENT: &str = "support-bot";
@@ -130,21 +130,7 @@ async fn setup_with(
     }
 }
 
-/// Waits for `check` to give something, for at most 20 s.
-async fn until<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(found) = check().await {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "gave up waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use common::until;
 
 impl Setup {
     fn agent_token(&self) -> &str {

@@ -267,6 +267,26 @@ impl Drop for TestDb {
         }
     }
 }
+/// Polls `check` until it gives a value, for at most 20 s: a test waits for
+/// a condition, never for a guessed length of time.
+pub async fn until<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gave up waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub mod crash;
 pub mod process;
 pub mod world;
