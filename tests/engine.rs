@@ -467,7 +467,7 @@ async fn r9_irreversible_calls_before_the_pivot_are_held_and_counted(s: Setup) {
     );
     let decided = s.store.approval(approval.id).await.unwrap().unwrap();
     assert_eq!(decided.status, ApprovalStatus::Approved);
-    assert_eq!(decided.decided_by.as_deref(), Some("user:dana"));
+    assert_eq!(decided.decided_by, Some(Actor::User("dana".into())));
 }
 
 async fn r9_gated_tools_are_refused_outside_a_pivot(s: Setup) {
@@ -725,7 +725,8 @@ async fn r7_without_a_lookup_a_person_answers(s: Setup) {
     let trail = s.store.events(Some(run.id), 100).await.unwrap();
     assert!(trail
         .iter()
-        .any(|e| e.actor == "user:dana" && e.to_status.as_deref() == Some("CONFIRMED")));
+        .any(|e| e.actor == Actor::User("dana".into())
+            && e.to_status.as_deref() == Some("CONFIRMED")));
 }
 
 async fn step_rules_of_the_agent_api(s: Setup) {
@@ -1740,12 +1741,10 @@ async fn r12_a_reworded_retry_at_a_new_step_is_refused_while_the_first_is_owed(s
     assert_eq!(s.world.effects("tickets.create").len(), 2);
     let events = s.store.events(Some(run.id), 100).await.unwrap();
     assert!(
-        events
-            .iter()
-            .any(|e| e.actor == Actor::Agent(AGENT.into()).to_string()
-                && e.detail
-                    .as_deref()
-                    .is_some_and(|d| d.contains("sent as a new effect while step 0"))),
+        events.iter().any(|e| e.actor == Actor::Agent(AGENT.into())
+            && e.detail
+                .as_deref()
+                .is_some_and(|d| d.contains("sent as a new effect while step 0"))),
         "the override is in the audit trail: {events:?}"
     );
 }

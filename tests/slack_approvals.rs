@@ -13,7 +13,7 @@ use saga_harness::config::{DatabaseArgs, ServeArgs};
 use saga_harness::connectors::slack::request_signature;
 use saga_harness::demo::ScriptedAgent;
 use saga_harness::saga::key::notice_key;
-use saga_harness::saga::model::NoticeStatus;
+use saga_harness::saga::model::{Actor, NoticeStatus};
 use saga_harness::server::Application;
 use saga_harness::sim::bundle::{use_simulated_credentials, Simulators};
 use saga_harness::sim::{Effect, Fault as SimFault, FaultRule};
@@ -361,7 +361,7 @@ async fn a_waiting_pivot_is_posted_once_and_a_lead_approves_it_from_slack(db: co
         .iter()
         .find(|e| e.entity == "approval" && e.to_status.as_deref() == Some("approved"))
         .expect("the approval's audit line");
-    assert_eq!(decision.actor, "user:lead");
+    assert_eq!(decision.actor, Actor::User("lead".into()));
     assert_eq!(decision.detail.as_deref(), Some("decided in Slack"));
 }
 
@@ -555,7 +555,7 @@ async fn a_held_step_nobody_decides_expires_as_its_own_outcome_never_a_rejection
     assert!(button_labels(&expired).is_empty(), "{expired}");
     let decided = s.state.store.approval(approval.id).await.unwrap().unwrap();
     assert_eq!(decided.status.as_str(), "expired");
-    assert_eq!(decided.decided_by.as_deref(), Some("system"));
+    assert_eq!(decided.decided_by, Some(Actor::System));
     // The agent reads it again: expired, and nobody said no.
     let read = s
         .http
@@ -701,12 +701,13 @@ async fn under_the_two_person_rule_one_person_cannot_approve_twice() {
     assert_eq!(s.emails_to_grace(), 1);
     let events = s.state.store.events(Some(run), 100).await.unwrap();
     let approvals: Vec<_> = events.iter().filter(|e| e.entity == "approval").collect();
+    assert!(approvals.iter().any(
+        |e| e.actor == Actor::User("lead".into()) && e.to_status.as_deref() == Some("pending")
+    ));
     assert!(approvals
         .iter()
-        .any(|e| e.actor == "user:lead" && e.to_status.as_deref() == Some("pending")));
-    assert!(approvals
-        .iter()
-        .any(|e| e.actor == "user:admin" && e.to_status.as_deref() == Some("approved")));
+        .any(|e| e.actor == Actor::User("admin".into())
+            && e.to_status.as_deref() == Some("approved")));
 }
 
 /// `person` saves an edit of step `step`'s arguments on the run page, as the
@@ -846,7 +847,7 @@ async fn an_approver_edits_a_commit_step_and_the_commit_sends_the_edited_argumen
             e.entity == "approval" && e.detail.as_deref().is_some_and(|d| d.starts_with("edited"))
         })
         .expect("the edit's audit line");
-    assert_eq!(line.actor, "user:lead");
+    assert_eq!(line.actor, Actor::User("lead".into()));
     let detail = line.detail.clone().unwrap_or_default();
     assert!(
         detail.contains("A new lamp ships today.") && detail.contains("ships tomorrow, not today"),

@@ -790,7 +790,7 @@ async fn pivot_approval_is_one_atomic_decision_on_the_plan_shown(store: Store) {
         .await
         .unwrap();
     assert_eq!(approved.status, ApprovalStatus::Approved);
-    assert_eq!(approved.decided_by.as_deref(), Some("user:dana"));
+    assert_eq!(approved.decided_by, Some(Actor::User("dana".into())));
     assert_eq!(
         store.run(run.id).await.unwrap().unwrap().status,
         RunStatus::Committing
@@ -1042,7 +1042,7 @@ async fn every_change_is_in_the_audit_trail(store: Store) {
         .map(|e| {
             (
                 e.entity.clone(),
-                e.actor.clone(),
+                e.actor.to_string(),
                 e.from_status.clone(),
                 e.to_status.clone(),
             )
@@ -1301,7 +1301,7 @@ async fn under_the_two_person_rule_the_first_approval_waits_and_one_rejection_en
         .await
         .unwrap();
     assert_eq!(first.status, ApprovalStatus::Pending, "one of two");
-    assert_eq!(first.first_approver.as_deref(), Some("user:dana"));
+    assert_eq!(first.first_approver, Some(Actor::User("dana".into())));
     assert_eq!(
         store.run(run.id).await.unwrap().unwrap().status,
         RunStatus::AwaitingApproval,
@@ -1348,7 +1348,7 @@ async fn an_edit_replaces_a_waiting_plan_only_if_it_is_the_one_edited(store: Sto
         run_move: Some((RunStatus::AwaitingApproval, RunStatus::Committing)),
     };
     let first = store.decide_approval(approve("d1"), &lead()).await.unwrap();
-    assert_eq!(first.first_approver.as_deref(), Some("user:dana"));
+    assert_eq!(first.first_approver, Some(Actor::User("dana".into())));
     let change = |digest_before: &str, digest: &str, amount: i64| PlanChange {
         approval_id: approval.id,
         digest_before: digest_before.into(),
@@ -1378,7 +1378,7 @@ async fn an_edit_replaces_a_waiting_plan_only_if_it_is_the_one_edited(store: Sto
     );
     let events = store.events(Some(run.id), 50).await.unwrap();
     assert!(events.iter().any(|e| e.entity == "approval"
-        && e.actor == "user:dana"
+        && e.actor == Actor::User("dana".into())
         && e.detail.as_deref() == Some("amount 900 -> 90")));
     let decided = store.decide_approval(approve("d2"), &lead()).await.unwrap();
     assert_eq!(decided.status, ApprovalStatus::Approved);

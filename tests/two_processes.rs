@@ -270,7 +270,11 @@ async fn paused_owner(db: common::TestDb) {
         .filter(|e| e.entity == "step" && e.from_status.as_deref() == Some("INTENDED"))
         .collect();
     assert_eq!(outcomes.len(), 1, "{outcomes:?}");
-    assert_eq!(outcomes[0].actor, "system", "{outcomes:?}");
+    assert_eq!(
+        outcomes[0].actor,
+        saga_harness::saga::model::Actor::System,
+        "{outcomes:?}"
+    );
 }
 
 fn signal(pid: u32, which: &str) {

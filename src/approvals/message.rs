@@ -94,12 +94,8 @@ fn call_lines(position: usize, call: &CallInWords) -> String {
     lines
 }
 
-fn who(decided_by: Option<&str>) -> String {
-    match decided_by.map(Actor::parse) {
-        Some(Actor::User(name)) => name,
-        Some(Actor::Agent(name)) => format!("agent {name}"),
-        Some(Actor::System) | None => "the harness".to_owned(),
-    }
+fn who(decided_by: Option<&Actor>) -> String {
+    decided_by.unwrap_or(&Actor::System).described()
 }
 
 fn when(at: Option<chrono::DateTime<chrono::Utc>>) -> String {
@@ -144,7 +140,7 @@ pub fn render(facts: &Facts<'_>) -> Shown {
     )));
     let decided = format!(
         "by *{}* at {}{}",
-        escape(&who(approval.decided_by.as_deref())),
+        escape(&who(approval.decided_by.as_ref())),
         when(approval.decided_at),
         approval
             .note

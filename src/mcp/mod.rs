@@ -333,8 +333,8 @@ impl Gateway {
             .collect();
         let by = approval
             .decided_by
-            .as_deref()
-            .map(|stored| Actor::parse(stored).name().to_owned())
+            .as_ref()
+            .map(|who| who.name().to_owned())
             .unwrap_or_default();
         let (outcome, mut text, is_error) = match approval.status {
             ApprovalStatus::Approved => (

@@ -9,8 +9,10 @@ use serde_json::Value;
 use std::fmt;
 use uuid::Uuid;
 
-/// Who made a change: recorded with every event in the audit trail.
+/// Who made a change: recorded with every event in the audit trail. Stored
+/// and sent as text (`user:lead`, `agent:bot`, `system`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", from = "String")]
 pub enum Actor {
     /// An agent, by the name its API token was issued to.
     Agent(String),
@@ -41,6 +43,28 @@ impl Actor {
             Actor::Agent(name) | Actor::User(name) => name,
             Actor::System => "the harness",
         }
+    }
+
+    /// Who it is, for a person reading: a person by name, an agent as
+    /// "agent <name>", or the harness.
+    pub fn described(&self) -> String {
+        match self {
+            Actor::User(name) => name.clone(),
+            Actor::Agent(name) => format!("agent {name}"),
+            Actor::System => "the harness".to_owned(),
+        }
+    }
+}
+
+impl From<Actor> for String {
+    fn from(actor: Actor) -> String {
+        actor.to_string()
+    }
+}
+
+impl From<String> for Actor {
+    fn from(stored: String) -> Actor {
+        Actor::parse(&stored)
     }
 }
 
@@ -253,14 +277,16 @@ pub struct Approval {
     pub digest: String,
     pub status: ApprovalStatus,
     pub expires_at: Option<DateTime<Utc>>,
-    pub decided_by: Option<String>,
+    #[schema(value_type = Option<String>, example = "user:lead")]
+    pub decided_by: Option<Actor>,
     pub decided_at: Option<DateTime<Utc>>,
     pub note: Option<String>,
     pub created_at: DateTime<Utc>,
     pub approvers_needed: i64,
     /// Under the two-person rule, who approved first (it waits for a
     /// second, different approver).
-    pub first_approver: Option<String>,
+    #[schema(value_type = Option<String>, example = "user:lead")]
+    pub first_approver: Option<Actor>,
     pub first_approved_at: Option<DateTime<Utc>>,
 }
 
@@ -275,8 +301,8 @@ pub struct PlanEdit {
     pub after: Value,
     /// The top-level arguments that differ, in order.
     pub changed: Vec<String>,
-    /// Who edited, as the audit trail stores actors.
-    pub by: String,
+    /// Who edited.
+    pub by: Actor,
     pub at: DateTime<Utc>,
 }
 
@@ -306,7 +332,7 @@ impl PlanEdit {
             before,
             after,
             changed,
-            by: person.to_string(),
+            by: person.clone(),
             at: Utc::now(),
         }
     }
@@ -315,7 +341,7 @@ impl PlanEdit {
     pub fn summary(&self) -> String {
         format!(
             "{} changed {} of step {} ({})",
-            Actor::parse(&self.by).name(),
+            self.by.name(),
             self.changed.join(", "),
             self.step,
             self.tool
@@ -414,7 +440,7 @@ pub struct Correction {
     /// The send's own lifecycle once it has been attempted.
     pub send_status: Option<StepStatus>,
     pub external_ref: Option<String>,
-    pub decided_by: Option<String>,
+    pub decided_by: Option<Actor>,
     pub decided_at: Option<DateTime<Utc>>,
     pub dismiss_reason: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -449,7 +475,7 @@ pub struct Event {
     pub entity: String,
     /// The step index, approval id or correction id the event is about.
     pub entity_id: Option<i64>,
-    pub actor: String,
+    pub actor: Actor,
     pub from_status: Option<String>,
     pub to_status: Option<String>,
     pub detail: Option<String>,

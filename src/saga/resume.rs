@@ -191,7 +191,7 @@ impl Engine {
         }
         drop(serialised);
         for approval in decided_steps {
-            let person = Actor::User(approval.decided_by.clone().unwrap_or_default());
+            let person = approval.decided_by.clone().unwrap_or(Actor::System);
             let approve = approval.status == ApprovalStatus::Approved;
             self.decide_step(
                 approval.id,

@@ -181,6 +181,10 @@ macro_rules! saga_store_sql {
             row.try_get::<Option<String>, _>(column).map_err(|e| corrupt(column, e))
         }
 
+        fn opt_actor(row: &DbRow, column: &str) -> StoreResult<Option<Actor>> {
+            Ok(opt_text(row, column)?.map(|stored| Actor::parse(&stored)))
+        }
+
         fn parsed<T: std::str::FromStr>(row: &DbRow, column: &str) -> StoreResult<T>
         where
             T::Err: std::fmt::Display,
@@ -304,12 +308,12 @@ macro_rules! saga_store_sql {
                 digest: text(row, "digest")?,
                 status: parsed(row, "status")?,
                 expires_at: get(row, "expires_at")?,
-                decided_by: opt_text(row, "decided_by")?,
+                decided_by: opt_actor(row, "decided_by")?,
                 decided_at: get(row, "decided_at")?,
                 note: opt_text(row, "note")?,
                 created_at: get(row, "created_at")?,
                 approvers_needed: get(row, "approvers_needed")?,
-                first_approver: opt_text(row, "first_approver")?,
+                first_approver: opt_actor(row, "first_approver")?,
                 first_approved_at: get(row, "first_approved_at")?,
             })
         }
@@ -335,7 +339,7 @@ macro_rules! saga_store_sql {
                 idempotency_key: text(row, "idempotency_key")?,
                 send_status: opt_parsed(row, "send_status")?,
                 external_ref: opt_text(row, "external_ref")?,
-                decided_by: opt_text(row, "decided_by")?,
+                decided_by: opt_actor(row, "decided_by")?,
                 decided_at: get(row, "decided_at")?,
                 dismiss_reason: opt_text(row, "dismiss_reason")?,
                 created_at: get(row, "created_at")?,
@@ -368,7 +372,7 @@ macro_rules! saga_store_sql {
                     .transpose()?,
                 entity: text(row, "entity")?,
                 entity_id: get(row, "entity_id")?,
-                actor: text(row, "actor")?,
+                actor: Actor::parse(&text(row, "actor")?),
                 from_status: opt_text(row, "from_status")?,
                 to_status: opt_text(row, "to_status")?,
                 detail: opt_text(row, "detail")?,
@@ -1417,7 +1421,7 @@ macro_rules! saga_store_sql {
                 let now = Utc::now();
                 if decision.to == ApprovalStatus::Approved && current.approvers_needed > 1 {
                     let who = actor.to_string();
-                    match current.first_approver.as_deref() {
+                    match &current.first_approver {
                         // The first of two: recorded; the approval still waits.
                         None => {
                             let row = query(
@@ -1452,7 +1456,7 @@ macro_rules! saga_store_sql {
                             commit(tx).await?;
                             return approval_from(&row);
                         }
-                        Some(first) if first == who => {
+                        Some(first) if first == actor => {
                             return Err(StoreError::Invalid(format!(
                                 "{} already approved this; the two-person rule needs a second, different approver",
                                 actor.name()

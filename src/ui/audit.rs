@@ -117,7 +117,7 @@ pub async fn audit_trail(
             };
             AuditLine {
                 at: e.at.format("%Y-%m-%d %H:%M:%S").to_string(),
-                actor: e.actor.trim_start_matches("user:").to_owned(),
+                actor: e.actor.described(),
                 what: format!("{subject}: {moved}"),
                 run_id: e.run_id.map(|r| r.to_string()),
                 detail: e.detail.unwrap_or_default(),

@@ -725,7 +725,7 @@ pub(crate) mod ssr {
                 Some(first) => format!(
                     "1 of {} approvals: {} approved; a second, different approver decides",
                     approval.approvers_needed,
-                    crate::saga::model::Actor::parse(first).name()
+                    first.name()
                 ),
                 None => format!(
                     "needs {} different approvers (the two-person rule)",
@@ -821,10 +821,7 @@ pub(crate) mod ssr {
                 digest: a.digest.clone(),
                 status: a.status,
                 summary: a.summary.clone(),
-                decided_by: a
-                    .decided_by
-                    .as_deref()
-                    .map(|who| who.trim_start_matches("user:").to_owned()),
+                decided_by: a.decided_by.as_ref().map(|who| who.name().to_owned()),
                 decided_at: a
                     .decided_at
                     .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string()),
@@ -987,14 +984,13 @@ pub(crate) mod ssr {
         let from_unknown = moved.iter().rev().find(|e| {
             e.from_status.as_deref() == Some("UNKNOWN") && e.to_status.as_deref() != Some("UNKNOWN")
         })?;
-        Some(if from_unknown.actor.starts_with("user:") {
-            format!(
-                "answered by {}",
-                from_unknown.actor.trim_start_matches("user:")
-            )
-        } else {
-            "reconciled: looked up in the system by its key".to_owned()
-        })
+        Some(
+            if let crate::saga::model::Actor::User(person) = &from_unknown.actor {
+                format!("answered by {person}")
+            } else {
+                "reconciled: looked up in the system by its key".to_owned()
+            },
+        )
     }
 
     /// Arguments for a person to check: pretty JSON with hidden and
