@@ -370,14 +370,14 @@ async fn postgres_three_processes_resuming_at_once_finish_each_unwind_once() {
         if view["run"]["status"] == "RUNNING" {
             // This run's unwind request died with the process before it
             // began: the agent, told nothing, sends it again.
-            let (status, _) = post(
+            let (status, body) = post(
                 &http,
                 &format!("{}/api/v1/runs/{id}/unwind", a.base),
                 &token,
                 &json!({"reason": "race"}),
             )
             .await;
-            assert_eq!(status, 200);
+            assert_eq!(status, 200, "{body}");
             view = read().await;
         }
         assert_eq!(view["run"]["status"], "UNWOUND", "{view}");

@@ -9,7 +9,9 @@ use super::SlackApprovals;
 use crate::saga::connector::{classify, Classified, Connector, Lookup};
 use crate::saga::engine::{Engine, Refusal};
 use crate::saga::key::notice_key;
-use crate::saga::model::{Actor, Approval, ApprovalKind, NewNotice, Notice, NoticeStatus};
+use crate::saga::model::{
+    Actor, Approval, ApprovalKind, NewNotice, Notice, NoticeStatus, PivotPlan,
+};
 use crate::saga::registry::Registry;
 use crate::saga::status::{ApprovalStatus, StepStatus};
 use crate::saga::words::CallInWords;
@@ -260,17 +262,13 @@ impl Notifier {
     /// The calls an approval approves, in the dashboard's words.
     async fn calls(&self, approval: &Approval) -> Result<Vec<CallInWords>, Refusal> {
         Ok(match approval.kind {
-            ApprovalKind::Pivot => approval.plan["commit"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            ApprovalKind::Pivot => PivotPlan::read(&approval.plan)
+                .map(|plan| plan.commit)
+                .unwrap_or_default()
+                .iter()
                 .map(|call| {
-                    let way_back = call.get("way_back").filter(|v| !v.is_null());
-                    self.registry.in_words(
-                        call["tool"].as_str().unwrap_or_default(),
-                        &call["args"],
-                        way_back,
-                    )
+                    self.registry
+                        .in_words(&call.tool, &call.args, call.way_back.as_ref())
                 })
                 .collect(),
             ApprovalKind::Step => {
@@ -304,12 +302,9 @@ impl Notifier {
         let steps = self.engine.store().steps(run.id).await?;
         Ok(Some(match (approval.kind, approval.status) {
             (ApprovalKind::Pivot, ApprovalStatus::Approved) => {
-                let planned: Vec<i64> = approval.plan["commit"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|call| call["step"].as_i64())
-                    .collect();
+                let planned: Vec<i64> = PivotPlan::read(&approval.plan)
+                    .map(|plan| plan.commit.iter().map(|call| call.step).collect())
+                    .unwrap_or_default();
                 let confirmed = steps
                     .iter()
                     .filter(|s| planned.contains(&s.step_idx) && s.status == StepStatus::Confirmed)

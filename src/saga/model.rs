@@ -359,10 +359,62 @@ impl PlanEdit {
     }
 }
 
-/// The edits a pivot plan records (empty for a plan nobody edited).
+/// A pivot's plan, as its approval stores it (`Approval::plan`, digested
+/// as JSON): the commit steps in the order they run, and the edits
+/// approvers made before deciding.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PivotPlan {
+    /// The run's step index of the first commit step; the others follow.
+    pub first_step: i64,
+    pub commit: Vec<CommitCall>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub edits: Vec<PlanEdit>,
+}
+
+/// One commit step, as the approver reads it and the commit sends it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommitCall {
+    pub step: i64,
+    pub tool: String,
+    pub args: Value,
+    pub class: ToolClass,
+    pub audience: Audience,
+    pub gated: bool,
+    pub reach: Reach,
+    /// The call that undoes it, built under the step's own key; `None`
+    /// when it has none (an irreversible step).
+    pub way_back: Option<Value>,
+}
+
+/// Who a commit step reaches: its connector and how many recipients its
+/// arguments name.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reach {
+    pub channel: String,
+    pub recipients: usize,
+}
+
+impl PivotPlan {
+    /// The plan a pivot approval stores; `Err` says why it cannot be read.
+    pub fn read(stored: &Value) -> Result<PivotPlan, String> {
+        PivotPlan::deserialize(stored).map_err(|e| format!("an unreadable pivot plan: {e}"))
+    }
+
+    /// The plan as it is stored and digested.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).expect("a plan of JSON values serialises")
+    }
+
+    pub fn call(&self, step: i64) -> Option<&CommitCall> {
+        self.commit.iter().find(|call| call.step == step)
+    }
+}
+
+/// The edits a pivot plan records (empty for a plan nobody edited, or for
+/// a held step's request, which has no edits).
 pub fn plan_edits(plan: &Value) -> Vec<PlanEdit> {
-    plan.get("edits")
-        .and_then(|edits| serde_json::from_value(edits.clone()).ok())
+    PivotPlan::read(plan)
+        .map(|plan| plan.edits)
         .unwrap_or_default()
 }
 
@@ -594,5 +646,53 @@ impl Via {
             Via::Slack => Some("decided in Slack".to_owned()),
             Via::Harness => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A plan as proposals have stored it since the pivot existed.
+    fn stored_plan() -> Value {
+        json!({
+            "first_step": 3,
+            "commit": [
+                {
+                    "step": 3, "tool": "refund", "args": {"amount": 900},
+                    "class": "compensatable", "audience": "customer", "gated": false,
+                    "reach": {"channel": "stripe.refund", "recipients": 0},
+                    "way_back": {"tool": "charge_card", "args": {"amount": 900}}
+                },
+                {
+                    "step": 4, "tool": "email_customer", "args": {"to": ["a@example.com"]},
+                    "class": "irreversible", "audience": "customer", "gated": true,
+                    "reach": {"channel": "mail.send", "recipients": 1},
+                    "way_back": null
+                }
+            ]
+        })
+    }
+
+    #[test]
+    fn a_stored_pivot_plan_reads_back_to_the_same_json_so_its_digest_holds() {
+        let stored = stored_plan();
+        let plan = PivotPlan::read(&stored).unwrap();
+        assert_eq!(
+            plan.call(4).map(|c| c.tool.as_str()),
+            Some("email_customer")
+        );
+        assert_eq!(plan.call(4).and_then(|c| c.way_back.clone()), None);
+        assert!(plan.edits.is_empty());
+        assert_eq!(plan.to_value(), stored);
+    }
+
+    #[test]
+    fn a_plan_that_is_not_a_pivot_plan_is_refused_with_its_reason() {
+        let held_step = json!({"tool": "refund", "args": {"amount": 5}});
+        let why = PivotPlan::read(&held_step).unwrap_err();
+        assert!(why.contains("first_step"), "{why}");
+        assert!(plan_edits(&held_step).is_empty());
     }
 }

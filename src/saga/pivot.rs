@@ -14,7 +14,7 @@ use super::model::*;
 use super::status::{ApprovalStatus, RunStatus, StepStatus};
 use super::store::StoreError;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 use uuid::Uuid;
 
 /// One call the agent wants run after approval.
@@ -68,7 +68,12 @@ impl Engine {
             )?);
         }
         let approvers_needed = self.approvers_needed(&planned);
-        let plan = json!({"first_step": run.next_step, "commit": planned});
+        let plan = PivotPlan {
+            first_step: run.next_step,
+            commit: planned,
+            edits: Vec::new(),
+        }
+        .to_value();
         let holds_lapse = self
             .store()
             .steps(run_id)
@@ -202,9 +207,8 @@ impl Engine {
             return Ok(run);
         }
         let plan = self.pivot_plan(&run).await?;
-        for call in plan["commit"].as_array().into_iter().flatten() {
-            let idx = call["step"].as_i64().ok_or_else(|| corrupt_plan(&run))?;
-            let tool = call["tool"].as_str().ok_or_else(|| corrupt_plan(&run))?;
+        for call in &plan.commit {
+            let (idx, tool) = (call.step, call.tool.as_str());
             let mut step = match self.store().step(run_id, idx).await? {
                 Some(step) => step,
                 None => {
@@ -220,13 +224,10 @@ impl Engine {
                                 tool: tool.to_owned(),
                                 tool_class: spec.class,
                                 idempotency_key: key,
-                                args: call["args"].clone(),
+                                args: call.args.clone(),
                                 status: StepStatus::Intended,
-                                compensation: call
-                                    .get("way_back")
-                                    .cloned()
-                                    .filter(|v| !v.is_null()),
-                                audience: spec.audience_for(&call["args"]),
+                                compensation: call.way_back.clone().filter(|v| !v.is_null()),
+                                audience: spec.audience_for(&call.args),
                                 phase: Phase::AfterPivot,
                             },
                             &Actor::System,
@@ -308,7 +309,7 @@ impl Engine {
         step: i64,
         label: &str,
         call: &PlannedCall,
-    ) -> Result<Value, Refusal> {
+    ) -> Result<CommitCall, Refusal> {
         let spec = self.spec(&call.tool)?;
         if spec.way_back_only {
             return Err(Refusal::WayBackOnly(call.tool.clone()));
@@ -325,25 +326,25 @@ impl Engine {
         let way_back = spec
             .way_back(&key, &call.args)
             .map_err(|reason| Refusal::InvalidPlan(format!("{label} ({}): {reason}", call.tool)))?;
-        Ok(json!({
-            "step": step,
-            "tool": call.tool,
-            "args": call.args,
-            "class": spec.class,
-            "audience": spec.audience_for(&call.args),
-            "gated": spec.gated,
-            "reach": reach(&spec.connector, &call.args),
-            "way_back": way_back,
-        }))
+        Ok(CommitCall {
+            step,
+            tool: call.tool.clone(),
+            args: call.args.clone(),
+            class: spec.class,
+            audience: spec.audience_for(&call.args),
+            gated: spec.gated,
+            reach: reach(&spec.connector, &call.args),
+            way_back,
+        })
     }
 
     /// How many different people must approve a plan: two when any of its
     /// calls falls under the two-person rule.
-    fn approvers_needed(&self, planned: &[Value]) -> i64 {
+    fn approvers_needed(&self, planned: &[CommitCall]) -> i64 {
         let policy = self.registry().approval_policy();
         planned
             .iter()
-            .filter_map(|call| Some((self.spec(call["tool"].as_str()?).ok()?, &call["args"])))
+            .filter_map(|call| Some((self.spec(&call.tool).ok()?, &call.args)))
             .map(|(spec, args)| policy.approvers_for(spec, args))
             .fold(1, i64::max)
     }
@@ -375,31 +376,28 @@ impl Engine {
         if approval.digest != digest {
             return Err(StoreError::PlanChanged.into());
         }
-        let mut plan = approval.plan.clone();
-        let calls = plan["commit"].as_array_mut().ok_or_else(|| {
-            StoreError::Corrupt(format!("pivot {approval_id} has no commit list"))
-        })?;
-        let Some(at) = calls.iter().position(|c| c["step"].as_i64() == Some(step)) else {
+        let mut plan = PivotPlan::read(&approval.plan)
+            .map_err(|why| StoreError::Corrupt(format!("pivot {approval_id}: {why}")))?;
+        let Some(at) = plan.commit.iter().position(|c| c.step == step) else {
             return Err(Refusal::InvalidPlan(format!("the plan has no step {step}")));
         };
-        let before = calls[at]["args"].clone();
+        let before = plan.commit[at].args.clone();
         if before == args {
             return Err(Refusal::InvalidPlan(format!(
                 "step {step}: the arguments are unchanged, nothing to edit"
             )));
         }
         let call = PlannedCall {
-            tool: calls[at]["tool"].as_str().unwrap_or_default().to_owned(),
+            tool: plan.commit[at].tool.clone(),
             args,
         };
-        calls[at] = self.planned_call(approval.run_id, step, &format!("step {step}"), &call)?;
-        let approvers_needed = self.approvers_needed(calls);
+        plan.commit[at] =
+            self.planned_call(approval.run_id, step, &format!("step {step}"), &call)?;
+        let approvers_needed = self.approvers_needed(&plan.commit);
         let edit = PlanEdit::new(step, &call.tool, before, call.args, person);
         let line = edit.line();
-        match plan.get_mut("edits").and_then(Value::as_array_mut) {
-            Some(edits) => edits.push(serde_json::to_value(&edit).expect("an edit serialises")),
-            None => plan["edits"] = json!([edit]),
-        }
+        plan.edits.push(edit);
+        let plan = plan.to_value();
         Ok(self
             .store()
             .edit_plan(
@@ -417,26 +415,29 @@ impl Engine {
     }
 
     /// The approved plan of the run's pivot.
-    pub(crate) async fn pivot_plan(&self, run: &Run) -> Result<Value, Refusal> {
+    pub(crate) async fn pivot_plan(&self, run: &Run) -> Result<PivotPlan, Refusal> {
         let id = run.pivot_approval_id.ok_or_else(|| corrupt_plan(run))?;
         let approval = self
             .store()
             .approval(id)
             .await?
             .ok_or_else(|| corrupt_plan(run))?;
-        Ok(approval.plan)
+        PivotPlan::read(&approval.plan).map_err(|_| corrupt_plan(run))
     }
 }
 
 /// What a commit step reaches, for the pivot panel: its channel and how
 /// many recipients its arguments name.
-fn reach(connector: &str, args: &Value) -> Value {
+fn reach(connector: &str, args: &Value) -> Reach {
     let recipients = ["to", "recipients", "emails", "channel_members"]
         .iter()
         .filter_map(|field| args.get(*field))
         .map(|v| v.as_array().map_or(1, Vec::len))
         .sum::<usize>();
-    json!({"channel": connector, "recipients": recipients})
+    Reach {
+        channel: connector.to_owned(),
+        recipients,
+    }
 }
 
 fn corrupt_plan(run: &Run) -> Refusal {

@@ -816,7 +816,8 @@ pub(crate) mod ssr {
         let pivot = run
             .pivot_approval_id
             .and_then(|id| approvals.iter().find(|a| a.id == id))
-            .map(|a| PivotView {
+            .map(|a| (a, crate::saga::model::PivotPlan::read(&a.plan).ok()))
+            .map(|(a, plan)| PivotView {
                 approval_id: a.id,
                 digest: a.digest.clone(),
                 status: a.status,
@@ -845,12 +846,14 @@ pub(crate) mod ssr {
                             .to_string(),
                     })
                     .collect(),
-                commit: a.plan["commit"]
-                    .as_array()
-                    .map(|calls| calls.iter().map(|call| planned(registry, call)).collect())
-                    .unwrap_or_default(),
-                edits: crate::saga::model::plan_edits(&a.plan)
+                commit: plan
                     .iter()
+                    .flat_map(|plan| &plan.commit)
+                    .map(|call| planned(registry, call))
+                    .collect(),
+                edits: plan
+                    .iter()
+                    .flat_map(|plan| &plan.edits)
                     .map(|edit| EditView {
                         summary: edit.summary(),
                         at: edit.at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
@@ -961,16 +964,14 @@ pub(crate) mod ssr {
         }))
     }
 
-    fn planned(registry: &crate::saga::registry::Registry, call: &Value) -> PlannedView {
-        let way_back = call.get("way_back").filter(|w| !w.is_null());
+    fn planned(
+        registry: &crate::saga::registry::Registry,
+        call: &crate::saga::model::CommitCall,
+    ) -> PlannedView {
         PlannedView {
-            step: call["step"].as_i64().unwrap_or_default(),
-            words: registry.in_words(
-                call["tool"].as_str().unwrap_or_default(),
-                &call["args"],
-                way_back,
-            ),
-            args: crate::saga::words::editable_json(&call["args"]),
+            step: call.step,
+            words: registry.in_words(&call.tool, &call.args, call.way_back.as_ref()),
+            args: crate::saga::words::editable_json(&call.args),
         }
     }
 
