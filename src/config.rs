@@ -92,6 +92,10 @@ pub struct BenchArgs {
     /// wrote, and exit.
     #[arg(long, value_name = "JSON")]
     pub in_flight_table: Option<PathBuf>,
+    /// Print the README's benchmark, targets and durability tables from a
+    /// report `--json` wrote, and exit.
+    #[arg(long, value_name = "JSON")]
+    pub readme_tables: Option<PathBuf>,
     /// Write every figure, with its rounds, to this JSON file.
     #[arg(long)]
     pub json: Option<PathBuf>,

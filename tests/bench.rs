@@ -112,21 +112,55 @@ fn the_quick_benchmark_reports_every_figure_on_postgres() {
 /// benches/results/in-flight.json` after a new run.
 #[test]
 fn the_readme_in_flight_table_is_generated_from_the_committed_results() {
-    let report: Value = serde_json::from_str(
-        &std::fs::read_to_string("benches/results/in-flight.json").expect("the committed results"),
-    )
-    .expect("JSON");
+    let report = committed("in-flight.json");
     let readme = std::fs::read_to_string("README.md").unwrap();
-    let start = "<!-- in-flight table: generated from benches/results/in-flight.json -->\n";
-    let end = "<!-- end of the in-flight table -->";
-    let from = readme.find(start).expect("the table's opening marker") + start.len();
-    let to = from
-        + readme[from..]
-            .find(end)
-            .expect("the table's closing marker");
     assert_eq!(
-        &readme[from..to],
+        readme_region(&readme, "in-flight table", "in-flight.json"),
         saga_harness::bench::in_flight_table(&report),
         "README.md's in-flight table differs from benches/results/in-flight.json"
     );
+}
+
+/// A benchmark report committed under benches/results.
+fn committed(file: &str) -> Value {
+    let path = format!("benches/results/{file}");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} is not JSON: {e}"))
+}
+
+/// The README's region between `<!-- NAME: generated from
+/// benches/results/FILE -->` and `<!-- end of the NAME -->`.
+fn readme_region<'a>(readme: &'a str, name: &str, file: &str) -> &'a str {
+    let start = format!("<!-- {name}: generated from benches/results/{file} -->\n");
+    let end = format!("<!-- end of the {name} -->");
+    let from = readme
+        .find(&start)
+        .unwrap_or_else(|| panic!("README.md has no opening marker for {name}"))
+        + start.len();
+    let to = from
+        + readme[from..]
+            .find(&end)
+            .unwrap_or_else(|| panic!("README.md has no closing marker for {name}"));
+    &readme[from..to]
+}
+
+/// The README's benchmark, targets and durability tables are the committed
+/// benchmark output, not copies: regenerate them with `saga-harness bench
+/// --readme-tables benches/results/bench.json` after `./scripts/bench.sh`.
+#[test]
+fn the_readme_benchmark_tables_are_generated_from_one_committed_run() {
+    use saga_harness::bench::readme;
+    let report = committed("bench.json");
+    let readme_text = std::fs::read_to_string("README.md").unwrap();
+    for (name, table) in [
+        ("benchmark table", readme::figures_table(&report)),
+        ("targets table", readme::targets_table(&report)),
+        ("durability table", readme::durability_table(&report)),
+    ] {
+        assert_eq!(
+            readme_region(&readme_text, name, "bench.json"),
+            table,
+            "README.md's {name} differs from benches/results/bench.json"
+        );
+    }
 }

@@ -12,6 +12,7 @@ mod http;
 mod in_flight;
 mod path;
 mod peers;
+pub mod readme;
 mod stats;
 
 use crate::config::{BenchArgs, BenchBackend};
@@ -236,12 +237,21 @@ impl BackendBench {
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.in_flight_table {
-        let report: Value = serde_json::from_str(
-            &std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?,
-        )
-        .with_context(|| format!("{} is not a benchmark report", path.display()))?;
-        print!("{}", in_flight::markdown(&report));
+        print!("{}", in_flight::markdown(&read_report(path)?));
+        return Ok(());
+    }
+    if let Some(path) = &args.readme_tables {
+        let report = read_report(path)?;
+        // Each with the markers the README keeps it between.
+        for (name, table) in [
+            ("benchmark table", readme::figures_table(&report)),
+            ("targets table", readme::targets_table(&report)),
+            ("durability table", readme::durability_table(&report)),
+        ] {
+            println!(
+                "<!-- {name}: generated from benches/results/bench.json -->\n{table}<!-- end of the {name} -->\n"
+            );
+        }
         return Ok(());
     }
     if args.in_flight {
@@ -285,6 +295,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         eprintln!("bench: wrote {}", path.display());
     }
     Ok(())
+}
+
+/// A report `bench --json` wrote.
+fn read_report(path: &std::path::Path) -> anyhow::Result<Value> {
+    serde_json::from_str(
+        &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+    )
+    .with_context(|| format!("{} is not a benchmark report", path.display()))
 }
 
 /// The README's in-flight table from a `bench --in-flight --json` report.
