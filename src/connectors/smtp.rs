@@ -29,7 +29,7 @@
 //! | what happened | report | R4 |
 //! |---|---|---|
 //! | 250 after the data | `Answered 200 {message_id, accepted, reply}` | confirmed, ref = Message-ID |
-//! | a 5xx reply to MAIL, RCPT, DATA or to the end of the data | `Answered 422` (`401` for 530/534/535 authentication) | failed |
+//! | a 5xx reply to MAIL, RCPT, DATA or to the end of the data (530/534/535: authentication) | `Refused`, in the server's words | failed |
 //! | a 4xx reply to any of those (451, 452, 421 …) | `Deferred` | not executed: the server kept nothing |
 //! | could not connect, TLS or EHLO or AUTH trouble, a dropped connection or a timeout *before* the data went out | `NotSent` | not executed |
 //! | the connection dropped, or no reply came in time, once the data was being sent | `ResetAfterSend` / `TimedOut` | unknown: the server may have taken the message |
@@ -366,7 +366,7 @@ impl SmtpConnector {
             .await;
         if matches!(
             report,
-            CallReport::Answered { .. } | CallReport::Deferred { .. }
+            CallReport::Answered { .. } | CallReport::Deferred { .. } | CallReport::Refused { .. }
         ) {
             // The outcome is settled; QUIT is a courtesy to a server that
             // is still talking.
@@ -502,15 +502,6 @@ fn accepted(message_id: &str, envelope: &Envelope, reply: &Response) -> CallRepo
     }
 }
 
-/// The status R4 judges for a permanent SMTP refusal (see the module's
-/// table); a 4xx reply is `Deferred`, not a status.
-fn status_of_refusal(code: u16) -> u16 {
-    match code {
-        530 | 534 | 535 => 401,
-        _ => 422,
-    }
-}
-
 fn report_of_stop(stop: Stop) -> CallReport {
     match stop {
         Stop::BeforeData(reason) => CallReport::NotSent { reason },
@@ -523,19 +514,9 @@ fn report_of_stop(stop: Stop) -> CallReport {
             retry_after: None,
         },
         Stop::Refused {
-            stage,
-            code,
-            response,
-        } => CallReport::Answered {
-            status: status_of_refusal(code),
-            body: Some(json!({
-                "error": {
-                    "message": format!("the SMTP server refused at {stage}: {response}"),
-                    "smtp_code": code,
-                    "stage": stage,
-                }
-            })),
-            idempotency_conflict: false,
+            stage, response, ..
+        } => CallReport::Refused {
+            reason: format!("the SMTP server refused at {stage}: {response}"),
         },
     }
 }
@@ -603,9 +584,19 @@ mod tests {
 
     #[test]
     fn a_5xx_refusal_fails_and_a_4xx_reply_defers_the_message() {
-        assert_eq!(status_of_refusal(550), 422);
-        assert_eq!(status_of_refusal(554), 422);
-        assert_eq!(status_of_refusal(535), 401);
+        for code in [535, 550, 554] {
+            assert_eq!(
+                report_of_stop(Stop::Refused {
+                    stage: "RCPT TO",
+                    response: format!("{code} 5.1.1 no"),
+                    code,
+                }),
+                CallReport::Refused {
+                    reason: format!("the SMTP server refused at RCPT TO: {code} 5.1.1 no"),
+                },
+                "{code}"
+            );
+        }
         for code in [421, 451, 452] {
             let report = report_of_stop(Stop::Refused {
                 stage: "RCPT TO",

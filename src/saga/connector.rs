@@ -28,6 +28,9 @@ pub enum CallReport {
         reason: String,
         retry_after: Option<std::time::Duration>,
     },
+    /// The system refused the call for good and kept nothing, in a
+    /// protocol without HTTP statuses (an SMTP 5xx reply).
+    Refused { reason: String },
     /// The request went out and no answer came back in time.
     TimedOut,
     /// The connection dropped after the request was sent.
@@ -136,6 +139,9 @@ pub fn classify(report: &CallReport, expected: impl Fn(&Value) -> Option<String>
                 ),
                 None => format!("{reason}: nothing was done"),
             },
+        },
+        CallReport::Refused { reason } => Classified::Failed {
+            error: reason.clone(),
         },
         CallReport::TimedOut => Classified::Unknown {
             reason: "timed out after the request was sent".into(),
@@ -315,6 +321,19 @@ mod tests {
             classify(&refused, id_field),
             Classified::NotExecuted { .. }
         ));
+    }
+
+    #[test]
+    fn r4_a_permanent_refusal_outside_http_is_failed_in_the_systems_words() {
+        let refused = CallReport::Refused {
+            reason: "the SMTP server refused at RCPT TO: 550 5.1.1 no such user".into(),
+        };
+        assert_eq!(
+            classify(&refused, id_field),
+            Classified::Failed {
+                error: "the SMTP server refused at RCPT TO: 550 5.1.1 no such user".into()
+            }
+        );
     }
 
     #[test]
