@@ -28,7 +28,7 @@
 //!
 //! | what happened | report | R4 |
 //! |---|---|---|
-//! | 250 after the data | `Answered 200 {message_id, accepted, reply}` | confirmed, ref = Message-ID |
+//! | 250 after the data | `Accepted {message_id, accepted, reply}` | confirmed, ref = Message-ID |
 //! | a 5xx reply to MAIL, RCPT, DATA or to the end of the data (530/534/535: authentication) | `Refused`, in the server's words | failed |
 //! | a 4xx reply to any of those (451, 452, 421 …) | `Deferred` | not executed: the server kept nothing |
 //! | could not connect, TLS or EHLO or AUTH trouble, a dropped connection or a timeout *before* the data went out | `NotSent` | not executed |
@@ -366,7 +366,7 @@ impl SmtpConnector {
             .await;
         if matches!(
             report,
-            CallReport::Answered { .. } | CallReport::Deferred { .. } | CallReport::Refused { .. }
+            CallReport::Accepted { .. } | CallReport::Deferred { .. } | CallReport::Refused { .. }
         ) {
             // The outcome is settled; QUIT is a courtesy to a server that
             // is still talking.
@@ -491,14 +491,12 @@ fn accepted(message_id: &str, envelope: &Envelope, reply: &Response) -> CallRepo
     let accepted: Vec<String> = envelope.to().iter().map(ToString::to_string).collect();
     let code: u16 = reply.code().into();
     let text: Vec<&str> = reply.message().collect();
-    CallReport::Answered {
-        status: 200,
-        body: Some(json!({
+    CallReport::Accepted {
+        body: json!({
             "message_id": message_id,
             "accepted": accepted,
             "reply": format!("{code} {}", text.join(" ")),
-        })),
-        idempotency_conflict: false,
+        }),
     }
 }
 

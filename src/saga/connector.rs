@@ -28,6 +28,9 @@ pub enum CallReport {
         reason: String,
         retry_after: Option<std::time::Duration>,
     },
+    /// The system took the call, in a protocol without HTTP statuses (an
+    /// SMTP 250 after the data); `body` says what it kept.
+    Accepted { body: Value },
     /// The system refused the call for good and kept nothing, in a
     /// protocol without HTTP statuses (an SMTP 5xx reply).
     Refused { reason: String },
@@ -138,6 +141,15 @@ pub fn classify(report: &CallReport, expected: impl Fn(&Value) -> Option<String>
                     wait.as_secs_f64().ceil() as u64
                 ),
                 None => format!("{reason}: nothing was done"),
+            },
+        },
+        CallReport::Accepted { body } => match expected(body) {
+            Some(external_ref) => Classified::Confirmed {
+                external_ref,
+                result: body.clone(),
+            },
+            None => Classified::Unknown {
+                reason: format!("accepted with an unexpected answer: {body}"),
             },
         },
         CallReport::Refused { reason } => Classified::Failed {
@@ -321,6 +333,24 @@ mod tests {
             classify(&refused, id_field),
             Classified::NotExecuted { .. }
         ));
+    }
+
+    #[test]
+    fn r4_an_acceptance_outside_http_is_confirmed_with_its_ref_or_unknown_without_one() {
+        let accepted = CallReport::Accepted {
+            body: json!({"id": "<k@saga>", "reply": "250 OK"}),
+        };
+        assert_eq!(
+            classify(&accepted, id_field),
+            Classified::Confirmed {
+                external_ref: "<k@saga>".into(),
+                result: json!({"id": "<k@saga>", "reply": "250 OK"})
+            }
+        );
+        let without_ref = CallReport::Accepted {
+            body: json!({"reply": "250 OK"}),
+        };
+        assert!(is_unknown(&classify(&without_ref, id_field)));
     }
 
     #[test]

@@ -1023,6 +1023,7 @@ impl Engine {
                 }
                 "refused for now"
             }
+            CallReport::Accepted { .. } => "accepted",
             CallReport::Refused { .. } => "refused",
             CallReport::TimedOut => "timed out",
             CallReport::ResetAfterSend => "connection reset after the request went out",
