@@ -992,21 +992,7 @@ async fn r9_the_pivot_runs_exactly_the_approved_steps_in_order(s: Setup) {
 async fn r9_a_failed_commit_step_waits_for_a_person(s: Setup) {
     let run = s.run().await;
     s.world.fail_next("warehouse.reship", Fault::Status(422));
-    let pivot = s
-        .engine
-        .propose_pivot(
-            AGENT,
-            run.id,
-            "reship",
-            plan(&[("reship", json!({"sku": "A1"}))]),
-        )
-        .await
-        .unwrap();
-    let after = s
-        .engine
-        .decide_pivot(pivot.id, &pivot.digest, true, &lead(), Via::Dashboard)
-        .await
-        .unwrap();
+    let after = approve_reship(&s, &run).await;
     assert_eq!(after.status, RunStatus::NeedsAttention);
     assert_eq!(after.resume_to, Some(RunStatus::Committing));
 }
@@ -1148,6 +1134,25 @@ async fn question_asked(s: &Setup, run_id: uuid::Uuid) -> String {
         .unwrap_or_default()
 }
 
+/// Proposes a one-step pivot (reship A1) and approves it in the dashboard;
+/// the run as the decision left it.
+async fn approve_reship(s: &Setup, run: &Run) -> Run {
+    let pivot = s
+        .engine
+        .propose_pivot(
+            AGENT,
+            run.id,
+            "reship",
+            plan(&[("reship", json!({"sku": "A1"}))]),
+        )
+        .await
+        .unwrap();
+    s.engine
+        .decide_pivot(pivot.id, &pivot.digest, true, &lead(), Via::Dashboard)
+        .await
+        .unwrap()
+}
+
 /// The gaps between the calls of `operation` that reached the world.
 fn gaps(s: &Setup, operation: &str) -> Vec<std::time::Duration> {
     s.world
@@ -1208,22 +1213,8 @@ async fn r9_a_commit_step_asked_to_wait_longer_than_the_engine_holds_goes_to_a_p
         "warehouse.reship",
         Fault::Deferred(Some(std::time::Duration::from_secs(120))),
     );
-    let pivot = s
-        .engine
-        .propose_pivot(
-            AGENT,
-            run.id,
-            "reship",
-            plan(&[("reship", json!({"sku": "A1"}))]),
-        )
-        .await
-        .unwrap();
     let started = std::time::Instant::now();
-    let after = s
-        .engine
-        .decide_pivot(pivot.id, &pivot.digest, true, &lead(), Via::Dashboard)
-        .await
-        .unwrap();
+    let after = approve_reship(&s, &run).await;
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
     assert_eq!(after.status, RunStatus::NeedsAttention);
     assert_eq!(after.resume_to, Some(RunStatus::Committing));
@@ -1239,21 +1230,7 @@ async fn r9_a_commit_step_asked_to_wait_longer_than_the_engine_holds_goes_to_a_p
 async fn r9_a_commit_step_refused_for_now_is_sent_again_after_a_pause(s: Setup) {
     let run = s.run().await;
     s.world.fail_next("warehouse.reship", Fault::Deferred(None));
-    let pivot = s
-        .engine
-        .propose_pivot(
-            AGENT,
-            run.id,
-            "reship",
-            plan(&[("reship", json!({"sku": "A1"}))]),
-        )
-        .await
-        .unwrap();
-    let after = s
-        .engine
-        .decide_pivot(pivot.id, &pivot.digest, true, &lead(), Via::Dashboard)
-        .await
-        .unwrap();
+    let after = approve_reship(&s, &run).await;
     assert_eq!(after.status, RunStatus::Completed);
     assert_eq!(
         s.world.effects("warehouse.reship").len(),
