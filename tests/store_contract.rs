@@ -1169,6 +1169,93 @@ async fn a_claimed_run_comes_with_its_unsettled_steps(store: Store) {
     assert!(missing.read.run.is_none() && missing.read.unsettled.is_empty());
 }
 
+/// The hot path claims the run and writes a new step's intent in one
+/// commit, only when the run is ready for that step: RUNNING, the agent's,
+/// at its next index, with nothing unsettled and nothing owed to the
+/// agent. Otherwise it writes nothing and the caller takes the general
+/// path.
+async fn a_new_step_is_claimed_and_recorded_at_once_only_on_a_ready_run(store: Store) {
+    let actor = agent();
+    let run = new_run(&store, None).await;
+    let new = |idx| {
+        step(
+            &run,
+            idx,
+            "jira.create",
+            ToolClass::Compensatable,
+            StepStatus::Intended,
+        )
+    };
+    let hot = |idx: i64, who: &'static str| {
+        let store = store.clone();
+        let new = new(idx);
+        let actor = actor.clone();
+        async move { store.claim_and_record_step(who, new, &actor).await.unwrap() }
+    };
+    assert!(hot(0, "another-bot").await.is_none(), "another agent's run");
+    assert!(hot(1, "support-bot").await.is_none(), "a step out of order");
+    assert_eq!(store.run(run.id).await.unwrap().unwrap().next_step, 0);
+    assert!(store.steps(run.id).await.unwrap().is_empty());
+
+    let (claim, logged) = hot(0, "support-bot").await.expect("a ready run");
+    assert_eq!((logged.step_idx, logged.status), (0, StepStatus::Intended));
+    assert_eq!(store.run(run.id).await.unwrap().unwrap().next_step, 1);
+    let events = store.events(Some(run.id), 100).await.unwrap();
+    assert!(events.iter().any(|e| e.entity == "step"
+        && e.entity_id == Some(0)
+        && e.to_status.as_deref() == Some("INTENDED")));
+    drop(claim);
+    // Step 0 is still INTENDED: the next step waits for the general path.
+    assert!(hot(1, "support-bot").await.is_none(), "an unsettled step");
+    store
+        .settle_step(
+            run.id,
+            0,
+            Outcome::confirmed(StepStatus::Intended, "PROJ-1".into(), json!({})),
+            Durability::Lazy,
+            &actor,
+        )
+        .await
+        .unwrap();
+    store.set_owed_to_agent(run.id, 0, true).await.unwrap();
+    assert!(
+        hot(1, "support-bot").await.is_none(),
+        "a step owed to the agent"
+    );
+    store.set_owed_to_agent(run.id, 0, false).await.unwrap();
+
+    let (mut claim, logged) = hot(1, "support-bot").await.expect("ready again");
+    let settled = store
+        .settle_step_and_release(
+            run.id,
+            logged.step_idx,
+            Outcome::confirmed(StepStatus::Intended, "PROJ-2".into(), json!({})),
+            Durability::Lazy,
+            &actor,
+            claim.as_mut(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(settled.status, StepStatus::Confirmed);
+    assert_eq!(settled.external_ref.as_deref(), Some("PROJ-2"));
+    drop(claim);
+    store
+        .move_run(
+            run.id,
+            RunStatus::Running,
+            RunStatus::NeedsAttention,
+            &lead(),
+            Some("paused"),
+        )
+        .await
+        .unwrap();
+    assert!(
+        hot(2, "support-bot").await.is_none(),
+        "a run that is not RUNNING"
+    );
+    assert_eq!(store.steps(run.id).await.unwrap().len(), 2);
+}
+
 /// The stale-step sweep's query: INTENDED and UNKNOWN steps old enough, in
 /// runs of the given statuses, in run and step order; nothing else.
 async fn stale_steps_are_the_old_unsettled_ones_of_live_runs(store: Store) {
@@ -1408,6 +1495,7 @@ common::on_both_backends!(
     every_change_is_in_the_audit_trail,
     users_and_tokens,
     a_claimed_run_comes_with_its_unsettled_steps,
+    a_new_step_is_claimed_and_recorded_at_once_only_on_a_ready_run,
     stale_steps_are_the_old_unsettled_ones_of_live_runs,
     an_approvals_notice_is_written_once_and_kept_until_done,
     under_the_two_person_rule_the_first_approval_waits_and_one_rejection_ends_it,
@@ -1553,6 +1641,110 @@ async fn postgres_run_claims_are_exclusive_and_never_left_behind() {
                 .unwrap();
         drop(claim);
     }
+}
+
+/// On PostgreSQL the hot path's claim is a lease taken by the intent's own
+/// statement, and the outcome gives it back in its own statement: another
+/// instance is kept out while the call is out and finds the run free the
+/// moment the outcome is written, without waiting for the claim's drop. An
+/// outcome written after the lease passed to someone else leaves their
+/// lease alone.
+#[tokio::test]
+async fn postgres_the_hot_path_leases_with_the_intent_and_releases_with_the_outcome() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let (a, b) = two_instances(&db.url).await;
+    let actor = agent();
+    let run = new_run(&a, Some("hot")).await;
+    let new = |idx| {
+        step(
+            &run,
+            idx,
+            "jira.create",
+            ToolClass::Compensatable,
+            StepStatus::Intended,
+        )
+    };
+    let lease_owner = || async {
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        let owner: Option<String> =
+            sqlx::query_scalar("SELECT lease_owner FROM runs WHERE id = $1")
+                .bind(run.id.to_string())
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        pool.close().await;
+        owner
+    };
+    let (mut claim, logged) = a
+        .claim_and_record_step("support-bot", new(0), &actor)
+        .await
+        .unwrap()
+        .expect("a ready run");
+    assert!(lease_owner().await.is_some(), "the intent took no lease");
+    assert!(
+        b.try_claim_run(run.id).await.unwrap().is_none(),
+        "another instance claimed a run whose step is out"
+    );
+    let settled = a
+        .settle_step_and_release(
+            run.id,
+            logged.step_idx,
+            Outcome::confirmed(StepStatus::Intended, "PROJ-1".into(), json!({})),
+            Durability::Lazy,
+            &actor,
+            claim.as_mut(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(settled.status, StepStatus::Confirmed);
+    assert_eq!(lease_owner().await, None, "the outcome kept the lease");
+    let taken = b
+        .try_claim_run(run.id)
+        .await
+        .unwrap()
+        .expect("the run was not free once the outcome was written");
+    drop(claim);
+    drop(taken);
+    // The other instance's claim is released off its caller's path.
+    common::until("the other instance's release", || async {
+        lease_owner().await.is_none().then_some(())
+    })
+    .await;
+
+    // A holder that outlived its lease: someone else holds the run now.
+    let (mut late, logged) = a
+        .claim_and_record_step("support-bot", new(1), &actor)
+        .await
+        .unwrap()
+        .expect("ready again");
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    sqlx::query(
+        "UPDATE runs SET lease_owner = 'other-instance/1',
+            lease_until = clock_timestamp() + interval '1 minute' WHERE id = $1",
+    )
+    .bind(run.id.to_string())
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    a.settle_step_and_release(
+        run.id,
+        logged.step_idx,
+        Outcome::confirmed(StepStatus::Intended, "PROJ-2".into(), json!({})),
+        Durability::Lazy,
+        &actor,
+        late.as_mut(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        lease_owner().await.as_deref(),
+        Some("other-instance/1"),
+        "a late outcome released another holder's lease"
+    );
 }
 
 /// R2 with group commit: the step writes of many runs, sent at once, share

@@ -113,6 +113,16 @@ enum StepChoice {
     OldestOwedOrNew,
 }
 
+/// What the hot path of a new step came to.
+enum AtOnce {
+    Answered(CallOutcome),
+    /// Not taken; nothing was written. `failpoint_met`: the intent's
+    /// failpoint was already passed on the way.
+    NotReady {
+        failpoint_met: bool,
+    },
+}
+
 /// Where a run's step cursor stands for its agent (R12).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cursor {
@@ -358,11 +368,33 @@ impl Engine {
         durability: Durability,
         actor: &Actor,
     ) -> Result<Step, StoreError> {
+        self.settle_step_releasing(run_id, step_idx, outcome, durability, actor, None)
+            .await
+    }
+
+    /// `settle_step`, giving `release` back in the same commit when given.
+    async fn settle_step_releasing(
+        &self,
+        run_id: Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+        release: Option<&mut dyn RunClaim>,
+    ) -> Result<Step, StoreError> {
         let from = outcome.from;
-        let settled = self
-            .store
-            .settle_step(run_id, step_idx, outcome, durability, actor)
-            .await?;
+        let settled = match release {
+            Some(claim) => {
+                self.store
+                    .settle_step_and_release(run_id, step_idx, outcome, durability, actor, claim)
+                    .await?
+            }
+            None => {
+                self.store
+                    .settle_step(run_id, step_idx, outcome, durability, actor)
+                    .await?
+            }
+        };
         self.observer.step_moved(
             &settled.tool,
             settled.tool_class.as_str(),
@@ -442,18 +474,6 @@ impl Engine {
                 _claim: claim,
                 _local: local,
             }))
-    }
-
-    /// `serialise`, and the run with its unsettled steps, read under the
-    /// claim (one round trip on PostgreSQL).
-    async fn serialise_and_read(&self, run_id: Uuid) -> Result<(RunGuard, ClaimedRead), Refusal> {
-        let local = self.run_lock(run_id).lock_owned().await;
-        let claimed = self.store.claim_and_read(run_id).await?;
-        let guard = RunGuard {
-            _claim: claimed.claim,
-            _local: local,
-        };
-        Ok((guard, claimed.read))
     }
 
     fn run_lock(&self, run_id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
@@ -614,7 +634,25 @@ impl Engine {
         if self.locks().owned_by_another(run_id, agent) {
             return Err(Refusal::RunNotFound);
         }
-        let (_serialised, read) = self.serialise_and_read(run_id).await?;
+        let local = self.run_lock(run_id).lock_owned().await;
+        let intent_failpoint_met = match choice {
+            StepChoice::Named(Some(step)) => {
+                match self
+                    .new_step_at_once(agent, run_id, tool, step, &args, listening)
+                    .await?
+                {
+                    AtOnce::Answered(answer) => return Ok(answer),
+                    AtOnce::NotReady { failpoint_met } => failpoint_met,
+                }
+            }
+            _ => false,
+        };
+        let claimed = self.store.claim_and_read(run_id).await?;
+        let _serialised = RunGuard {
+            _claim: claimed.claim,
+            _local: local,
+        };
+        let read = claimed.read;
         let ClaimedRead {
             run,
             unsettled,
@@ -785,12 +823,83 @@ impl Engine {
                 .answer_agent(&held, step + 1, owed_steps(), listening)
                 .await;
         }
-        crate::failpoint::hit("dispatch.before_intent");
+        if !intent_failpoint_met {
+            crate::failpoint::hit("dispatch.before_intent");
+        }
         // R2: the row is committed before anything is sent.
         let logged = self.store.record_step(new, &actor).await?;
         let settled = self.execute_logged(logged, &actor).await?;
         self.answer_agent(&settled, step + 1, owed_steps(), listening)
             .await
+    }
+
+    /// The hot path of a new step (DESIGN.md §9): two statements. The
+    /// run's claim and the durable intent go in one commit
+    /// (`claim_and_record_step`), and when the outcome is final and the
+    /// agent is still there to read it, the outcome gives the claim back
+    /// in its own commit; nothing else is read or written. Taken only for a
+    /// step that needs nothing the general path decides: a named new step
+    /// of a tool that is neither pure, gated nor irreversible, whose
+    /// arguments fit and whose way back can be built, on a run ready for
+    /// it. Anything else (and every refusal) is the general path's, which
+    /// this leaves untouched when it returns `NotReady`.
+    async fn new_step_at_once(
+        &self,
+        agent: &str,
+        run_id: Uuid,
+        tool: &str,
+        step: i64,
+        args: &Value,
+        listening: &(dyn Fn() -> bool + Sync),
+    ) -> Result<AtOnce, Refusal> {
+        let not_ready = |failpoint_met| Ok(AtOnce::NotReady { failpoint_met });
+        let Ok(spec) = self.spec(tool) else {
+            return not_ready(false);
+        };
+        if matches!(spec.class, ToolClass::Pure | ToolClass::Irreversible)
+            || spec.way_back_only
+            || spec.gated
+            || self.check_args(tool, args).is_err()
+        {
+            return not_ready(false);
+        }
+        let key = step_key(run_id, step, tool);
+        let Ok(compensation) = spec.way_back(&key, args) else {
+            return not_ready(false);
+        };
+        let new = NewStep {
+            run_id,
+            step_idx: step,
+            tool: tool.to_owned(),
+            tool_class: spec.class,
+            idempotency_key: key.clone(),
+            args: args.clone(),
+            status: StepStatus::Intended,
+            compensation,
+            audience: spec.audience_for(args),
+            phase: Phase::BeforePivot,
+        };
+        let actor = Actor::Agent(agent.to_owned());
+        crate::failpoint::hit("dispatch.before_intent");
+        // R2: the row is committed before anything is sent.
+        let Some((mut claim, logged)) =
+            self.store.claim_and_record_step(agent, new, &actor).await?
+        else {
+            return not_ready(true);
+        };
+        self.locks().remember_owner(run_id, agent);
+        tracing::Span::current().record("step", step);
+        tracing::Span::current().record("key", key.as_str());
+        // Whether the agent is still there is read once: the outcome's
+        // commit and the answer go by the same reading.
+        let heard = std::sync::OnceLock::new();
+        let listening = || *heard.get_or_init(listening);
+        let settled = self
+            .execute_logged_releasing(logged, &actor, Some((claim.as_mut(), &listening)))
+            .await?;
+        self.answer_agent(&settled, step + 1, std::iter::empty(), &listening)
+            .await
+            .map(AtOnce::Answered)
     }
 
     /// The answer to the agent about a step, recording whether the step is
@@ -1037,6 +1146,18 @@ impl Engine {
     /// Sends an INTENDED step and records what came back (R4). The outcome
     /// commit may be lazy when reconcile could recover it (§9).
     pub(crate) async fn execute_logged(&self, step: Step, actor: &Actor) -> Result<Step, Refusal> {
+        self.execute_logged_releasing(step, actor, None).await
+    }
+
+    /// `execute_logged`; with `last` (the run's claim, and whether the
+    /// agent still listens), a final outcome for a listening agent is the
+    /// call's last write, and gives the claim back in the same commit.
+    async fn execute_logged_releasing(
+        &self,
+        step: Step,
+        actor: &Actor,
+        last: Option<(&mut dyn RunClaim, &(dyn Fn() -> bool + Sync))>,
+    ) -> Result<Step, Refusal> {
         let spec = self.spec(&step.tool)?;
         let operation = &spec.connector;
         crate::failpoint::hit("dispatch.before_call");
@@ -1049,8 +1170,18 @@ impl Engine {
         } else {
             Durability::Durable
         };
+        let release = last.and_then(|(claim, listening)| {
+            (OutcomeKind::of(outcome.to).is_final() && listening()).then_some(claim)
+        });
         let settled = match self
-            .settle_step(step.run_id, step.step_idx, outcome, durability, actor)
+            .settle_step_releasing(
+                step.run_id,
+                step.step_idx,
+                outcome,
+                durability,
+                actor,
+                release,
+            )
             .await
         {
             Ok(settled) => settled,

@@ -62,7 +62,16 @@ pub enum Backend {
 /// Exclusive work on one run across every harness process sharing the
 /// database, until dropped. Holds no connection: on PostgreSQL a lease in
 /// the run's row, renewed while held.
-pub trait RunClaim: Send + Sync {}
+pub trait RunClaim: Send + Sync {
+    /// The lease's token in the run's row, for a statement that gives the
+    /// lease back with its own write; `None` when the claim holds nothing
+    /// in the database.
+    fn lease_token(&self) -> Option<&str> {
+        None
+    }
+    /// A statement gave the lease back: dropping the claim writes nothing.
+    fn given_back(&mut self) {}
+}
 
 /// A run claimed, and what a call reads first, read under the claim.
 pub struct ClaimedRun {
@@ -106,6 +115,35 @@ pub trait SagaStore: Send + Sync + 'static {
     /// `claim_run`, then the run and its unsettled steps read under the
     /// claim: on PostgreSQL all three in one round trip.
     async fn claim_and_read(&self, run_id: Uuid) -> StoreResult<ClaimedRun>;
+
+    /// The hot path of a new step: the run claimed and the step's intent
+    /// written in one commit (on PostgreSQL one statement), when the run is
+    /// ready for it: RUNNING, `agent`'s, its next step `new.step_idx`, no
+    /// step unsettled and none owed to the agent, and (on PostgreSQL) no
+    /// live lease of another holder. `None` when it is not: then nothing
+    /// was claimed or written, and the caller takes the general path
+    /// (`claim_and_read`), which waits for the run and says what stands in
+    /// the way.
+    async fn claim_and_record_step(
+        &self,
+        agent: &str,
+        new: NewStep,
+        actor: &Actor,
+    ) -> StoreResult<Option<(Box<dyn RunClaim>, Step)>>;
+    /// `settle_step` that gives the run's claim back in the same commit:
+    /// for an outcome that is the holder's last write on the run. Once the
+    /// outcome is written the claim is empty, and dropping it writes
+    /// nothing; when the compare-and-set finds the step moved, the claim is
+    /// left as it was.
+    async fn settle_step_and_release(
+        &self,
+        run_id: Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+        claim: &mut dyn RunClaim,
+    ) -> StoreResult<Step>;
 
     // --- runs -------------------------------------------------------------
 

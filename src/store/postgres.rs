@@ -306,12 +306,26 @@ pub struct LeaseClaim {
     pool: PgPool,
     released: Released,
     renewal: tokio::task::JoinHandle<()>,
+    /// A statement of the holder's already released the lease.
+    given_back: bool,
 }
-impl crate::saga::store::RunClaim for LeaseClaim {}
+impl crate::saga::store::RunClaim for LeaseClaim {
+    fn lease_token(&self) -> Option<&str> {
+        (!self.given_back).then_some(self.token.as_str())
+    }
+
+    fn given_back(&mut self) {
+        self.given_back = true;
+        self.renewal.abort();
+    }
+}
 
 impl Drop for LeaseClaim {
     fn drop(&mut self) {
         self.renewal.abort();
+        if self.given_back {
+            return;
+        }
         self.released
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -533,6 +547,7 @@ impl PostgresStore {
             pool: self.pool.clone(),
             released: self.released.clone(),
             renewal,
+            given_back: false,
         }
     }
 
@@ -620,14 +635,29 @@ impl PostgresStore {
         durability: Durability,
         actor: &Actor,
     ) -> StoreResult<Step> {
+        self.settle_step_releasing(run_id, step_idx, outcome, durability, actor, None)
+            .await
+    }
+
+    /// `settle_step_alone`, giving back in the same statement the lease
+    /// `release` names, if it still holds the run.
+    async fn settle_step_releasing(
+        &self,
+        run_id: uuid::Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+        release: Option<&str>,
+    ) -> StoreResult<Step> {
         match self
-            .try_settle_step(run_id, step_idx, &outcome, durability, actor)
+            .try_settle_step(run_id, step_idx, &outcome, durability, actor, release)
             .await
         {
             Ok(result) => result,
             Err(err) if self.broke(&err) => {
                 let again = self
-                    .try_settle_step(run_id, step_idx, &outcome, durability, actor)
+                    .try_settle_step(run_id, step_idx, &outcome, durability, actor, release)
                     .await
                     .map_err(db)?;
                 match again {
@@ -650,6 +680,7 @@ impl PostgresStore {
         outcome: &Outcome,
         durability: Durability,
         actor: &Actor,
+        release: Option<&str>,
     ) -> Result<StoreResult<Step>, sqlx::Error> {
         let mut conn = match self.session().await {
             Ok(conn) => conn,
@@ -670,6 +701,10 @@ impl PostgresStore {
                 INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status,
                     detail, at)
                 SELECT run_id, 'step', step_idx, $10, $8, $1, $11, $5 FROM settled
+             ), released AS (
+                UPDATE runs SET lease_owner = NULL, lease_until = NULL
+                WHERE $12::text IS NOT NULL AND id = $6 AND lease_owner = $12
+                    AND EXISTS (SELECT 1 FROM settled)
              )
              SELECT * FROM settled"
         ));
@@ -677,6 +712,7 @@ impl PostgresStore {
             .bind(commit_mode)
             .bind(actor.to_string())
             .bind(settle_event_detail(outcome))
+            .bind(release)
             .fetch_optional(&mut *conn)
             .await?;
         let result = match row {
@@ -686,6 +722,153 @@ impl PostgresStore {
         conn.finish().await?;
         Ok(result)
     }
+}
+
+impl PostgresStore {
+    /// The lease token this store's last claim of the run let go of, if its
+    /// release may not have reached the database yet: the next claim here
+    /// may take the run over from it directly.
+    fn handover(&self, run_id: uuid::Uuid) -> Option<String> {
+        self.released
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&run_id)
+            .cloned()
+    }
+
+    /// The hot path's claim and intent in one statement (one round trip,
+    /// one durable commit): the run's row is advanced and leased only if
+    /// it is ready, then the step and its audit line are written from it.
+    /// The readiness test on the run's other steps reads the statement's
+    /// snapshot: a step settled by a holder this statement waited for looks
+    /// unsettled, which only sends the caller down the general path. A
+    /// statement that found its connection broken is sent once more; if
+    /// the first had landed, the second writes nothing, the pending lease
+    /// is released, and the general path finds the step logged.
+    async fn claim_and_record_step_here(
+        &self,
+        agent: &str,
+        new: NewStep,
+        actor: &Actor,
+    ) -> StoreResult<Option<(Box<dyn crate::saga::store::RunClaim>, Step)>> {
+        check_new_step(&new)?;
+        if new.status != StepStatus::Intended {
+            return Ok(None);
+        }
+        let token = format!("{}/{}", self.instance, uuid::Uuid::new_v4().simple());
+        let mut pending = PendingLease {
+            run_id: new.run_id,
+            token: token.clone(),
+            pool: Some(self.pool.clone()),
+        };
+        let lease = Lease {
+            token: &token,
+            handover: self.handover(new.run_id),
+            ms: self.settings.run_lease_ms as i64,
+        };
+        let taken = || format!("idempotency key {}", new.idempotency_key);
+        let row = match self.try_claim_and_record(&new, agent, actor, &lease).await {
+            Err(err) if self.broke(&err) => {
+                self.try_claim_and_record(&new, agent, actor, &lease).await
+            }
+            other => other,
+        }
+        .map_err(|e| db_error(e, taken))??;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let step = step_from(&row)?;
+        pending.pool = None;
+        Ok(Some((Box::new(self.lease_claim(new.run_id, token)), step)))
+    }
+
+    /// One attempt at `claim_and_record_step_here`; `Err` is the driver's.
+    async fn try_claim_and_record(
+        &self,
+        new: &NewStep,
+        agent: &str,
+        actor: &Actor,
+        lease: &Lease<'_>,
+    ) -> Result<StoreResult<Option<sqlx::postgres::PgRow>>, sqlx::Error> {
+        let mut conn = match self.session().await {
+            Ok(conn) => conn,
+            Err(err) => return Ok(Err(err)),
+        };
+        let statement = query(concat!(
+            "WITH advanced AS (
+                UPDATE runs SET next_step = next_step + 1,
+                    irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11,
+                    lease_owner = $15,
+                    lease_until = clock_timestamp() + $16::float8 * interval '1 millisecond'
+                WHERE id = $1 AND next_step = $2 AND agent = $17 AND status = 'RUNNING'
+                    AND (lease_owner IS NULL OR lease_until < clock_timestamp()
+                        OR lease_owner = $18)
+                    AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND status IN ",
+            crate::store::sql::unsettled_sql!(),
+            ")
+                    AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND owed_to_agent)
+                RETURNING id
+             ), inserted AS (",
+            crate::store::sql::new_step_insert!(),
+            " FROM advanced RETURNING *
+             ), logged AS (
+                INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status,
+                    detail, at)
+                SELECT run_id, 'step', step_idx, $13, NULL, status, $14, $11 FROM inserted
+             )
+             SELECT * FROM inserted"
+        ));
+        let row = bind_new_step(statement, new, Utc::now())
+            .bind(i64::from(counts_as_irreversible(new)))
+            .bind(actor.to_string())
+            .bind(step_event_detail(new))
+            .bind(lease.token.to_owned())
+            .bind(lease.ms)
+            .bind(agent.to_owned())
+            .bind(lease.handover.clone())
+            .fetch_optional(&mut *conn)
+            .await?;
+        conn.finish().await?;
+        Ok(Ok(row))
+    }
+
+    /// `settle_step` and, in the same statement, the lease given back if
+    /// this claim still holds it (a later holder's lease is left alone).
+    async fn settle_step_and_release_here(
+        &self,
+        run_id: uuid::Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+        claim: &mut dyn crate::saga::store::RunClaim,
+    ) -> StoreResult<Step> {
+        let Some(token) = claim.lease_token().map(str::to_owned) else {
+            return self
+                .settle_step(run_id, step_idx, outcome, durability, actor)
+                .await;
+        };
+        check_step_transition(Lifecycle::Step, outcome.from, outcome.to)?;
+        if approves_individually(&outcome) {
+            return self
+                .settle_step(run_id, step_idx, outcome, durability, actor)
+                .await;
+        }
+        let settled = self
+            .settle_step_releasing(run_id, step_idx, outcome, durability, actor, Some(&token))
+            .await?;
+        claim.given_back();
+        Ok(settled)
+    }
+}
+
+/// A lease the hot path's statement asks for.
+struct Lease<'a> {
+    token: &'a str,
+    /// This store's own lease of the run, let go of and maybe not yet
+    /// released in the database.
+    handover: Option<String>,
+    ms: i64,
 }
 
 saga_store_sql!(

@@ -885,6 +885,28 @@ macro_rules! saga_store_sql {
                 self.claim_and_read_here(run_id).await
             }
 
+            async fn claim_and_record_step(
+                &self,
+                agent: &str,
+                new: NewStep,
+                actor: &Actor,
+            ) -> StoreResult<Option<(Box<dyn $crate::saga::store::RunClaim>, Step)>> {
+                self.claim_and_record_step_here(agent, new, actor).await
+            }
+
+            async fn settle_step_and_release(
+                &self,
+                run_id: Uuid,
+                step_idx: i64,
+                outcome: Outcome,
+                durability: Durability,
+                actor: &Actor,
+                claim: &mut dyn $crate::saga::store::RunClaim,
+            ) -> StoreResult<Step> {
+                self.settle_step_and_release_here(run_id, step_idx, outcome, durability, actor, claim)
+                    .await
+            }
+
             async fn try_claim_run(&self, run_id: Uuid) -> StoreResult<Option<Box<dyn $crate::saga::store::RunClaim>>> {
                 self.claim_now(run_id).await
             }

@@ -249,10 +249,15 @@ impl SqliteStore {
 /// data-modifying CTE).
 macro_rules! intent {
     () => {
+        intent!("")
+    };
+    ($also:expr) => {
         concat!(
             "UPDATE runs SET next_step = next_step + 1,
             irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11
-         WHERE id = $1 AND next_step = $2;",
+         WHERE id = $1 AND next_step = $2",
+            $also,
+            ";",
             crate::store::sql::new_step_insert!(),
             " WHERE changes() = 1 RETURNING *;
              INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
@@ -261,6 +266,21 @@ macro_rules! intent {
     };
 }
 use intent;
+
+/// The extra test of the hot path's intent (see `claim_and_record_step`):
+/// the run is the agent's (`$15`), RUNNING, and has no step unsettled or
+/// owed to the agent.
+macro_rules! ready_run {
+    () => {
+        concat!(
+            " AND agent = $15 AND status = 'RUNNING'
+             AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND status IN ",
+            crate::store::sql::unsettled_sql!(),
+            ")
+             AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND owed_to_agent = 1)"
+        )
+    };
+}
 
 /// The writes of an outcome, for `WriteJob`.
 macro_rules! settle {
@@ -284,6 +304,62 @@ fn job_args(
         .take_arguments()
         .map_err(|e| StoreError::Invalid(format!("a value could not be bound: {e}")))
         .map(Option::unwrap_or_default)
+}
+
+impl SqliteStore {
+    /// The hot path: the intent, written only if the run is ready for it,
+    /// in the same grouped commit as any other intent. (The claim is free:
+    /// one process owns the file.)
+    async fn claim_and_record_step_here(
+        &self,
+        agent: &str,
+        new: NewStep,
+        actor: &Actor,
+    ) -> StoreResult<Option<(Box<dyn crate::saga::store::RunClaim>, Step)>> {
+        check_new_step(&new)?;
+        if new.status != StepStatus::Intended {
+            return Ok(None);
+        }
+        let args = job_args(
+            bind_new_step(sqlx::query(""), &new, Utc::now())
+                .bind(i64::from(counts_as_irreversible(&new)))
+                .bind(actor.to_string())
+                .bind(step_event_detail(&new))
+                .bind(agent.to_owned()),
+        )?;
+        let rows = self
+            .group
+            .write(WriteJob {
+                alone: concat!(
+                    "PRAGMA synchronous = FULL; BEGIN IMMEDIATE;",
+                    intent!(ready_run!()),
+                    "COMMIT;"
+                ),
+                grouped: concat!("SAVEPOINT job;", intent!(ready_run!()), "RELEASE job;"),
+                args,
+                durability: Durability::Durable,
+            })
+            .await
+            .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
+        match rows.first() {
+            Some(row) => Ok(Some((Box::new(NoClaim), step_from(row)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// Nothing to give back: the outcome alone.
+    async fn settle_step_and_release_here(
+        &self,
+        run_id: uuid::Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+        _claim: &mut dyn crate::saga::store::RunClaim,
+    ) -> StoreResult<Step> {
+        self.settle_step(run_id, step_idx, outcome, durability, actor)
+            .await
+    }
 }
 
 pub struct NoClaim;

@@ -101,6 +101,30 @@ impl SagaStore for CrashingStore {
         self.write(self.inner.move_run(id, from, to, actor, detail))
             .await
     }
+    async fn claim_and_record_step(
+        &self,
+        agent: &str,
+        new: NewStep,
+        actor: &Actor,
+    ) -> StoreResult<Option<(Box<dyn saga_harness::saga::store::RunClaim>, Step)>> {
+        self.write(self.inner.claim_and_record_step(agent, new, actor))
+            .await
+    }
+    async fn settle_step_and_release(
+        &self,
+        run_id: Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+        claim: &mut dyn saga_harness::saga::store::RunClaim,
+    ) -> StoreResult<Step> {
+        self.write(
+            self.inner
+                .settle_step_and_release(run_id, step_idx, outcome, durability, actor, claim),
+        )
+        .await
+    }
     async fn record_step(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
         self.write(self.inner.record_step(new, actor)).await
     }
