@@ -600,3 +600,93 @@ async fn the_openapi_document_is_valid_openapi_3_and_covers_every_route() {
         String::from_utf8_lossy(&validated.stderr)
     );
 }
+
+/// The names of an object's fields, sorted.
+fn keys_of(object: &Value) -> Vec<String> {
+    let mut keys: Vec<String> = object.as_object().unwrap().keys().cloned().collect();
+    keys.sort();
+    keys
+}
+
+/// The schemas of the saga's types live beside the API, apart from the
+/// types themselves: what the document names must be what the API sends,
+/// field for field, and every status it can send must be in its list.
+#[tokio::test]
+async fn the_documented_schemas_name_every_field_the_api_sends() {
+    let api = start(common::sqlite()).await;
+    let root = api.base.trim_end_matches("/api/v1");
+    let doc: Value = api
+        .http
+        .get(format!("{root}{}", saga_harness::api::OPENAPI_PATH))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let documented = |name: &str| keys_of(&schemas[name]["properties"]);
+
+    let run = api.new_run().await;
+    let (_, outcome) = api
+        .post(
+            &format!("/runs/{run}/calls"),
+            json!({"tool": "authorize_card", "args": {"amount": 500}, "step": 0}),
+        )
+        .await;
+    assert_eq!(outcome["outcome"], "confirmed", "{outcome}");
+    let (status, pivot) = api
+        .post(
+            &format!("/runs/{run}/pivot"),
+            json!({"summary": "capture the payment", "commit": [{"tool": "charge_card", "args": {"amount": 500}}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{pivot}");
+    let (status, view) = api.get(&format!("/runs/{run}")).await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+
+    assert_eq!(documented("CallOutcome"), keys_of(&outcome));
+    assert_eq!(documented("Run"), keys_of(&view["run"]));
+    assert_eq!(documented("Step"), keys_of(&view["steps"][0]));
+    assert_eq!(documented("Approval"), keys_of(&view["pivot"]));
+    assert_eq!(documented("RunView"), keys_of(&view));
+    // What the agent sends for a pivot is what the document asks for.
+    assert_eq!(documented("PlannedCall"), ["args", "tool"]);
+
+    let listed = |name: &str| -> Vec<String> {
+        schemas[name]["enum"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{name} lists no values: {}", schemas[name]))
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let sent = |value: &Value| value.as_str().unwrap().to_owned();
+    assert!(listed("OutcomeKind").contains(&sent(&outcome["outcome"])));
+    assert!(listed("RunStatus").contains(&sent(&view["run"]["status"])));
+    assert!(listed("StepStatus").contains(&sent(&view["steps"][0]["status"])));
+    assert!(listed("ToolClass").contains(&sent(&view["steps"][0]["tool_class"])));
+    assert!(listed("Audience").contains(&sent(&view["steps"][0]["audience"])));
+    assert!(listed("Phase").contains(&sent(&view["steps"][0]["phase"])));
+    assert!(listed("ApprovalKind").contains(&sent(&view["pivot"]["kind"])));
+    assert!(listed("ApprovalStatus").contains(&sent(&view["pivot"]["status"])));
+    // Every status the engine knows is documented, spelt as it is sent.
+    for status in saga_harness::saga::status::RunStatus::ALL {
+        assert!(listed("RunStatus").contains(
+            &serde_json::to_value(status)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_owned()
+        ));
+    }
+    for status in saga_harness::saga::status::StepStatus::ALL {
+        assert!(listed("StepStatus").contains(
+            &serde_json::to_value(status)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_owned()
+        ));
+    }
+}

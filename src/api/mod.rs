@@ -24,6 +24,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
+mod schema;
+
 /// The largest request body an agent may send. Tool arguments are small;
 /// anything bigger is a mistake, refused before it is parsed.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
@@ -419,6 +421,7 @@ struct CreateRun {
 
 #[derive(Debug, Serialize, ToSchema)]
 struct RunCreated {
+    #[schema(value_type = schema::Run)]
     run: Run,
     /// The step index the run's first call with an effect must name.
     next_step: i64,
@@ -427,13 +430,16 @@ struct RunCreated {
 /// What a resuming agent reads: the run, its log and its next step.
 #[derive(Debug, Serialize, ToSchema)]
 struct RunView {
+    #[schema(value_type = schema::Run)]
     run: Run,
     /// The step to send next (R12): the oldest step whose final outcome the
     /// agent has not been given, to re-send unchanged; else a new step.
     next_step: i64,
     /// The index a new effect takes.
     new_step: i64,
+    #[schema(value_type = Vec<schema::Step>)]
     steps: Vec<Step>,
+    #[schema(value_type = Option<schema::Approval>)]
     pivot: Option<Approval>,
     /// What an approver changed in the pivot's plan before deciding, oldest
     /// first: each edit's step, tool, the changed fields, the arguments
@@ -531,7 +537,7 @@ struct CallRequest {
 #[utoipa::path(post, path = "/api/v1/runs/{run}/calls", tag = "runs", params(("run" = String, Path, description = "The run id (a UUID) from POST /api/v1/runs")),
     request_body = CallRequest,
     responses(
-        (status = 200, description = "The tool's outcome (confirmed, failed, unknown, not_executed, awaiting_approval, rejected); never an HTTP error", body = CallOutcome),
+        (status = 200, description = "The tool's outcome (confirmed, failed, unknown, not_executed, awaiting_approval, rejected); never an HTTP error", body = schema::CallOutcome),
         (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn call(
     State(state): State<AppState>,
@@ -564,6 +570,7 @@ async fn call(
 #[serde(deny_unknown_fields)]
 struct PivotRequest {
     summary: String,
+    #[schema(value_type = Vec<schema::PlannedCall>)]
     commit: Vec<PlannedCall>,
 }
 
@@ -620,7 +627,7 @@ struct UnwindRequest {
 #[utoipa::path(post, path = "/api/v1/runs/{run}/unwind", tag = "runs", params(("run" = String, Path, description = "The run id (a UUID) from POST /api/v1/runs")),
     request_body = UnwindRequest,
     responses(
-        (status = 200, description = "The run after its unwind (UNWOUND, or NEEDS_ATTENTION when a compensation needs a person)", body = Run),
+        (status = 200, description = "The run after its unwind (UNWOUND, or NEEDS_ATTENTION when a compensation needs a person)", body = schema::Run),
         (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn unwind(
     State(state): State<AppState>,
@@ -646,7 +653,7 @@ async fn unwind(
 
 #[utoipa::path(post, path = "/api/v1/runs/{run}/complete", tag = "runs", params(("run" = String, Path, description = "The run id (a UUID) from POST /api/v1/runs")),
     responses(
-        (status = 200, description = "The completed run", body = Run),
+        (status = 200, description = "The completed run", body = schema::Run),
         (status = 400, description = "Not a run id", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn complete(
     State(state): State<AppState>,

@@ -9,7 +9,6 @@ use std::str::FromStr;
 /// How a tool's effect can be taken back (R1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub enum ToolClass {
     /// No side effect: never logged, takes no step index (R2).
     Pure,
@@ -25,7 +24,6 @@ pub enum ToolClass {
 /// the public outranks one to a customer, and so on down to the team.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub enum Audience {
     Internal,
     Partner,
@@ -55,7 +53,6 @@ impl Audience {
 /// Which side of the pivot a step ran on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub enum Phase {
     BeforePivot,
     AfterPivot,
@@ -86,10 +83,13 @@ pub struct UnknownName {
     pub expected: &'static str,
 }
 
-/// `as_str`, `FromStr` and `Display` for a closed set of names.
+/// `ALL`, `as_str`, `FromStr` and `Display` for a closed set of names.
 macro_rules! named_enum {
     ($ty:ident, $what:literal, $expected:literal, { $($variant:ident => $name:literal),+ $(,)? }) => {
         impl $ty {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
+
             pub fn as_str(self) -> &'static str {
                 match self { $($ty::$variant => $name),+ }
             }

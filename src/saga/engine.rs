@@ -30,7 +30,6 @@ use uuid::Uuid;
 /// What the agent is told about its call (§5): never an HTTP error.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-#[derive(utoipa::ToSchema)]
 pub enum OutcomeKind {
     Confirmed,
     Failed,
@@ -40,7 +39,7 @@ pub enum OutcomeKind {
     Rejected,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CallOutcome {
     pub outcome: OutcomeKind,
     /// `None` for pure calls: they take no step index (R2).
@@ -60,6 +59,15 @@ pub struct CallOutcome {
 }
 
 impl OutcomeKind {
+    pub const ALL: [OutcomeKind; 6] = [
+        OutcomeKind::Confirmed,
+        OutcomeKind::Failed,
+        OutcomeKind::Unknown,
+        OutcomeKind::NotExecuted,
+        OutcomeKind::AwaitingApproval,
+        OutcomeKind::Rejected,
+    ];
+
     /// Whether this answer gives the agent the step's final outcome; any
     /// other leaves the step owed to the agent (R12).
     pub fn is_final(&self) -> bool {

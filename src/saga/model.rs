@@ -87,7 +87,7 @@ pub struct NewRun {
     pub purpose: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Run {
     pub id: Uuid,
     pub agent: String,
@@ -124,7 +124,7 @@ pub struct NewStep {
     pub phase: Phase,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Step {
     pub run_id: Uuid,
     pub step_idx: i64,
@@ -230,7 +230,6 @@ pub struct Compensation {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[derive(utoipa::ToSchema)]
 pub enum ApprovalKind {
     /// The whole commit plan of a run.
     Pivot,
@@ -239,6 +238,8 @@ pub enum ApprovalKind {
 }
 
 impl ApprovalKind {
+    pub const ALL: [ApprovalKind; 2] = [ApprovalKind::Pivot, ApprovalKind::Step];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ApprovalKind::Pivot => "pivot",
@@ -266,7 +267,7 @@ pub struct NewApproval {
     pub approvers_needed: i64,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Approval {
     pub id: i64,
     pub run_id: Uuid,
@@ -277,7 +278,6 @@ pub struct Approval {
     pub digest: String,
     pub status: ApprovalStatus,
     pub expires_at: Option<DateTime<Utc>>,
-    #[schema(value_type = Option<String>, example = "user:lead")]
     pub decided_by: Option<Actor>,
     pub decided_at: Option<DateTime<Utc>>,
     pub note: Option<String>,
@@ -285,7 +285,6 @@ pub struct Approval {
     pub approvers_needed: i64,
     /// Under the two-person rule, who approved first (it waits for a
     /// second, different approver).
-    #[schema(value_type = Option<String>, example = "user:lead")]
     pub first_approver: Option<Actor>,
     pub first_approved_at: Option<DateTime<Utc>>,
 }

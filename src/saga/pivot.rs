@@ -18,7 +18,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 /// One call the agent wants run after approval.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PlannedCall {
     pub tool: String,
     #[serde(default)]

@@ -13,7 +13,6 @@ use std::str::FromStr;
 /// Where a non-pure step (or a compensation) stands in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub enum StepStatus {
     /// The index is reserved and the exact call stored; nothing was sent.
     AwaitingApproval,
@@ -78,7 +77,6 @@ pub enum Lifecycle {
 /// Where a run stands (DESIGN.md §3, "Run statuses").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub enum RunStatus {
     Running,
     /// A pivot was proposed and waits for a person.
@@ -203,7 +201,6 @@ pub fn check_run_transition(
 /// lifecycle of its own (`send_status`), judged by [`check_step_transition`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub enum CorrectionStatus {
     Pending,
     /// Signed off by a person; the text is frozen from here on.
@@ -250,7 +247,6 @@ pub fn check_correction_transition(
 /// Where an approval request (pivot or single step) stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub enum ApprovalStatus {
     Pending,
     Approved,

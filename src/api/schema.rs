@@ -1,0 +1,171 @@
+//! The agent API's OpenAPI schemas for the saga's own types. They live here,
+//! beside the routes that send them, so the engine's vocabulary carries no
+//! document generator. The enums are described from the lists the engine
+//! itself checks names against (`ALL`), spelt the way serde writes them;
+//! the structs are described by the types below, which
+//! `the_documented_schemas_name_every_field_the_api_sends` (tests/api.rs)
+//! holds to the JSON the API really sends.
+
+use crate::saga::class::{Audience, Phase, ToolClass};
+use crate::saga::engine::OutcomeKind;
+use crate::saga::model::ApprovalKind;
+use crate::saga::status::{ApprovalStatus, RunStatus, StepStatus};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::RefOr;
+use utoipa::{PartialSchema, ToSchema};
+use uuid::Uuid;
+
+/// A string schema whose values are exactly `all`, as serde writes them.
+fn names_of<T: Serialize>(all: &[T], description: &str) -> RefOr<Schema> {
+    let names = all.iter().map(|value| match serde_json::to_value(value) {
+        Ok(Value::String(name)) => name,
+        other => unreachable!("a unit variant serialises as its name, not {other:?}"),
+    });
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(names))
+        .description(Some(description))
+        .into()
+}
+
+/// `ToSchema` for a closed set of names, from its `ALL` list.
+macro_rules! named {
+    ($($ty:ty => $description:literal,)+) => {
+        $(
+            impl PartialSchema for $ty {
+                fn schema() -> RefOr<Schema> {
+                    names_of(&<$ty>::ALL, $description)
+                }
+            }
+            impl ToSchema for $ty {}
+        )+
+    };
+}
+
+named! {
+    ToolClass => "How a tool's effect can be taken back (R1).",
+    Audience => "Who could have seen an effect, ordered by blast radius: a correction to the public outranks one to a customer, and so on down to the team.",
+    Phase => "Which side of the pivot a step ran on.",
+    StepStatus => "Where a non-pure step (or a compensation) stands in its lifecycle.",
+    RunStatus => "Where a run stands (DESIGN.md §3, \"Run statuses\").",
+    ApprovalStatus => "Where an approval request (pivot or single step) stands.",
+    ApprovalKind => "`pivot`: the whole commit plan of a run; `step`: one held call.",
+    OutcomeKind => "What the agent is told about its call (§5): never an HTTP error.",
+}
+
+// Sent as `crate::saga::model::Run`.
+/// A run: one task of one agent, and where it stands.
+#[derive(ToSchema)]
+#[allow(dead_code)] // described, never built: the API sends the saga's own type
+pub struct Run {
+    id: Uuid,
+    agent: String,
+    label: Option<String>,
+    purpose: String,
+    status: RunStatus,
+    /// Where a run in NEEDS_ATTENTION returns once its questions are answered.
+    resume_to: Option<RunStatus>,
+    /// The index the next new non-pure step must name (R3).
+    next_step: i64,
+    /// The pivot request currently in force, if one was proposed.
+    pivot_approval_id: Option<i64>,
+    /// Irreversible steps that ran before the pivot (goal: 0; R9).
+    irreversible_before_pivot: i64,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+// Sent as `crate::saga::model::Step`.
+/// One call with an effect, as the saga log holds it.
+#[derive(ToSchema)]
+#[allow(dead_code)] // described, never built: the API sends the saga's own type
+pub struct Step {
+    run_id: Uuid,
+    step_idx: i64,
+    tool: String,
+    tool_class: ToolClass,
+    /// Derived from the run and the step, never from the arguments (R3).
+    idempotency_key: String,
+    args: Value,
+    status: StepStatus,
+    external_ref: Option<String>,
+    /// The undo, compensation or correction, written before the call (R6).
+    compensation: Option<Value>,
+    audience: Audience,
+    result: Option<Value>,
+    error: Option<String>,
+    phase: Phase,
+    /// An irreversible step run before the pivot on its own approval.
+    approved_individually: bool,
+    /// R12: the step's last answer to the agent was not final (unknown, not
+    /// executed, awaiting approval); the agent has yet to be given its
+    /// final outcome.
+    owed_to_agent: bool,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+// Sent as `crate::saga::model::Approval`.
+/// A request for a person's approval: a run's pivot, or one held call.
+#[derive(ToSchema)]
+#[allow(dead_code)] // described, never built: the API sends the saga's own type
+pub struct Approval {
+    id: i64,
+    run_id: Uuid,
+    kind: ApprovalKind,
+    /// The held step, for a single-step approval.
+    step_idx: Option<i64>,
+    summary: String,
+    /// The exact plan shown to the approver.
+    plan: Value,
+    /// What the approver signs: a digest of the plan exactly as shown.
+    digest: String,
+    status: ApprovalStatus,
+    expires_at: Option<DateTime<Utc>>,
+    #[schema(example = "user:lead")]
+    decided_by: Option<String>,
+    decided_at: Option<DateTime<Utc>>,
+    note: Option<String>,
+    created_at: DateTime<Utc>,
+    approvers_needed: i64,
+    /// Under the two-person rule, who approved first (it waits for a
+    /// second, different approver).
+    #[schema(example = "user:lead")]
+    first_approver: Option<String>,
+    first_approved_at: Option<DateTime<Utc>>,
+}
+
+// Sent as `crate::saga::engine::CallOutcome`.
+/// The answer to a tool call.
+#[derive(ToSchema)]
+#[allow(dead_code)] // described, never built: the API sends the saga's own type
+pub struct CallOutcome {
+    outcome: OutcomeKind,
+    /// `null` for pure calls: they take no step index (R2).
+    step: Option<i64>,
+    key: Option<String>,
+    external_ref: Option<String>,
+    result: Option<Value>,
+    error: Option<String>,
+    /// Written for a model: what to do next.
+    message: String,
+    /// The step to send next (R12): the oldest step still owed to the agent
+    /// (its last answer was unknown, not executed or awaiting approval),
+    /// to be re-sent unchanged; else the index a new step takes.
+    next_step: i64,
+    /// The index a new effect takes, whatever is owed.
+    new_step: i64,
+}
+
+// Read as `crate::saga::pivot::PlannedCall`.
+/// One call the agent wants run after approval.
+#[derive(ToSchema)]
+#[allow(dead_code)] // described, never built: the API reads the saga's own type
+pub struct PlannedCall {
+    tool: String,
+    #[schema(required = false)]
+    args: Value,
+}
