@@ -26,7 +26,6 @@ const FIGURES: &[&str] = &[
     "engine.no_lookup.c1.p99_ms",
     "engine.no_lookup.c8.per_s",
     "engine.no_lookup.c64.per_s",
-    "store.claim.p50_ms",
     "store.intent.p50_ms",
     "store.outcome.p50_ms",
     "store.sum.p50_ms",

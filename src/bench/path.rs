@@ -225,10 +225,10 @@ impl EnginePath {
         self.unwind(prefix, sizes, figures).await
     }
 
-    /// The three store calls a looked-up step makes, without the engine
-    /// around them, each timed: the claim with its read, the durable
-    /// intent, the lazy outcome. The engine's p50 less their sum is the
-    /// harness's own time per step.
+    /// The two store calls a looked-up step makes on its hot path, without
+    /// the engine around them, each timed: the claim written with the
+    /// durable intent, and the lazy outcome that gives the claim back. The
+    /// engine's p50 less their sum is the harness's own time per step.
     async fn store_parts(
         &self,
         prefix: &str,
@@ -238,8 +238,7 @@ impl EnginePath {
         let run = self.new_run().await?;
         let actor = Actor::Agent(AGENT.into());
         let steps = sizes.ops(1);
-        let (mut claim, mut intent, mut outcome, mut sum) = (
-            Vec::with_capacity(steps),
+        let (mut intent, mut outcome, mut sum) = (
             Vec::with_capacity(steps),
             Vec::with_capacity(steps),
             Vec::with_capacity(steps),
@@ -247,13 +246,12 @@ impl EnginePath {
         let ms = |at: Instant| at.elapsed().as_secs_f64() * 1e3;
         for step in 0..steps as i64 {
             let started = Instant::now();
-            let claimed = self.store.claim_and_read(run).await?;
-            claim.push(ms(started));
-            let at = Instant::now();
-            self.store
-                .record_step(looked_up_step(run, step), &actor)
-                .await?;
-            intent.push(ms(at));
+            let (mut claim, _) = self
+                .store
+                .claim_and_record_step(AGENT, looked_up_step(run, step), &actor)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("step {step}: the run was not ready"))?;
+            intent.push(ms(started));
             let at = Instant::now();
             let confirmed = Outcome::confirmed(
                 StepStatus::Intended,
@@ -261,18 +259,20 @@ impl EnginePath {
                 json!({ "id": format!("noop-{step}") }),
             );
             self.store
-                .settle_step(run, step, confirmed, Durability::Lazy, &actor)
+                .settle_step_and_release(
+                    run,
+                    step,
+                    confirmed,
+                    Durability::Lazy,
+                    &actor,
+                    claim.as_mut(),
+                )
                 .await?;
             outcome.push(ms(at));
-            drop(claimed);
+            drop(claim);
             sum.push(ms(started));
         }
-        for (part, values) in [
-            ("claim", &claim),
-            ("intent", &intent),
-            ("outcome", &outcome),
-            ("sum", &sum),
-        ] {
+        for (part, values) in [("intent", &intent), ("outcome", &outcome), ("sum", &sum)] {
             figures.record(
                 &format!("{prefix}.store.{part}.p50_ms"),
                 "ms",

@@ -109,15 +109,14 @@ pub fn figures_table(report: &Value) -> String {
             }),
         ),
         (
-            "the same step's store calls alone: claim and read / intent / outcome",
+            "the same step's store calls alone: claim with intent / outcome with release",
             both(&|b| {
                 let part = |p: &str| {
                     r.median(&format!("{b}.store.{p}.p50_ms"))
                         .map_or_else(|| "-".to_owned(), ms)
                 };
                 format!(
-                    "{} / {} / {} ms (sum {})",
-                    part("claim"),
+                    "{} / {} ms (sum {})",
                     part("intent"),
                     part("outcome"),
                     part("sum")
