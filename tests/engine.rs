@@ -162,6 +162,63 @@ async fn r12_a_final_outcome_the_client_gave_up_on_stays_owed_to_its_retry(s: Se
     the_retry_reads_step_0_and_then_a_call_is_new(&s, run.id).await;
 }
 
+/// A client that names no step (the MCP gateway) takes the same hot path
+/// as one that does: once this process has answered on the run, a new
+/// step on a ready run is claimed and written in one statement, without
+/// reading the run first. Where a step is owed, the store refuses the
+/// guess and the call reads the run, so the owed step is answered.
+async fn a_call_without_a_step_on_a_ready_run_is_claimed_and_recorded_at_once(s: Setup) {
+    let counted = Arc::new(common::crash::CrashingStore::new(
+        s.store.clone(),
+        None,
+        false,
+    ));
+    let s = Setup::new(counted.clone());
+    let reads = || {
+        counted
+            .claims_read
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    let run = s.run().await;
+    let first = ticket_without_a_step(&s, run.id, "one", true).await;
+    assert_eq!(
+        (first.outcome, first.step),
+        (OutcomeKind::Confirmed, Some(0))
+    );
+    let read_for_the_first = reads();
+    assert_eq!(
+        read_for_the_first, 1,
+        "nothing known of the run yet: read it"
+    );
+    for (n, summary) in ["two", "three"].into_iter().enumerate() {
+        let next = ticket_without_a_step(&s, run.id, summary, true).await;
+        assert_eq!(
+            (next.outcome, next.step),
+            (OutcomeKind::Confirmed, Some(n as i64 + 1))
+        );
+    }
+    assert_eq!(
+        reads(),
+        read_for_the_first,
+        "new steps on a ready run read nothing first"
+    );
+    assert_eq!(s.world.effects("tickets.create").len(), 3);
+
+    // Step 3's answer is not heard: it is owed, and the next call reads it
+    // instead of taking step 4.
+    let unheard = ticket_without_a_step(&s, run.id, "four", false).await;
+    assert_eq!(unheard.step, Some(3));
+    let retry = ticket_without_a_step(&s, run.id, "four, reworded", true).await;
+    assert_eq!(
+        (retry.outcome, retry.step),
+        (OutcomeKind::Confirmed, Some(3))
+    );
+    assert_eq!(reads(), read_for_the_first + 1);
+    assert_eq!(s.world.effects("tickets.create").len(), 4);
+    let steps = s.store.steps(run.id).await.unwrap();
+    assert_eq!(steps.len(), 4, "{steps:?}");
+}
+
 /// Step 0's answer was not had: a reworded retry reads it (one ticket);
 /// once had, the next call is a new effect at step 1.
 async fn the_retry_reads_step_0_and_then_a_call_is_new(s: &Setup, run_id: uuid::Uuid) {
@@ -2176,6 +2233,7 @@ common::on_both_backends!(
     r3_a_reworded_retry_gets_the_recorded_outcome_not_a_second_effect,
     r12_a_call_without_a_step_goes_to_the_tools_oldest_owed_step,
     r12_a_final_outcome_the_client_gave_up_on_stays_owed_to_its_retry,
+    a_call_without_a_step_on_a_ready_run_is_claimed_and_recorded_at_once,
     r7_an_answer_given_again_does_not_settle_a_later_question,
     r4_not_executed_is_retried_under_the_same_key,
     r4_a_refusal_is_failed_and_final,

@@ -267,6 +267,9 @@ struct RunLocks {
 struct RunSlot {
     lock: Arc<tokio::sync::Mutex<()>>,
     owner: Option<String>,
+    /// The index a new step took at this process's last answer on the run:
+    /// a guess for a client that names no step, which the store checks.
+    new_step: Option<i64>,
 }
 
 impl RunLocks {
@@ -282,6 +285,7 @@ impl RunLocks {
             .or_insert_with(|| RunSlot {
                 lock: Default::default(),
                 owner: None,
+                new_step: None,
             })
             .lock
             .clone()
@@ -299,6 +303,16 @@ impl RunLocks {
         if let Some(slot) = self.slots.get_mut(&run_id) {
             slot.owner.get_or_insert_with(|| owner.to_owned());
         }
+    }
+
+    fn remember_new_step(&mut self, run_id: Uuid, new_step: i64) {
+        if let Some(slot) = self.slots.get_mut(&run_id) {
+            slot.new_step = Some(new_step);
+        }
+    }
+
+    fn new_step_of(&self, run_id: Uuid) -> Option<i64> {
+        self.slots.get(&run_id).and_then(|slot| slot.new_step)
     }
 
     fn len(&self) -> usize {
@@ -610,6 +624,7 @@ impl Engine {
             .await;
         match &answered {
             Ok(answer) => {
+                self.locks().remember_new_step(run_id, answer.new_step);
                 if let Some(step) = answer.step {
                     span.record("step", step);
                 }
@@ -643,8 +658,15 @@ impl Engine {
             return Err(Refusal::RunNotFound);
         }
         let local = self.run_lock(run_id).lock_owned().await;
-        let intent_failpoint_met = match choice {
-            StepChoice::Named(Some(step)) => {
+        // A client that names no step gets the oldest step of the tool still
+        // owed to it, else a new one. When nothing is owed (which the store
+        // checks) that is the run's new step, last seen here.
+        let at_once = match choice {
+            StepChoice::Named(step) => step,
+            StepChoice::OldestOwedOrNew => self.locks().new_step_of(run_id),
+        };
+        let intent_failpoint_met = match at_once {
+            Some(step) => {
                 match self
                     .new_step_at_once(agent, run_id, tool, step, &args, listening)
                     .await?
@@ -653,7 +675,7 @@ impl Engine {
                     AtOnce::NotReady { failpoint_met } => failpoint_met,
                 }
             }
-            _ => false,
+            None => false,
         };
         let claimed = self.store.claim_and_read(run_id).await?;
         let _serialised = RunGuard {

@@ -22,6 +22,8 @@ pub struct CrashingStore {
     countdown: AtomicI64,
     /// Crash after the write committed (true) or before it (false).
     after: bool,
+    /// How many times a run was claimed and read (the general path).
+    pub claims_read: std::sync::atomic::AtomicUsize,
 }
 
 impl CrashingStore {
@@ -30,6 +32,7 @@ impl CrashingStore {
             inner,
             countdown: AtomicI64::new(crash_at_write.unwrap_or(-1)),
             after,
+            claims_read: Default::default(),
         }
     }
 
@@ -76,6 +79,7 @@ impl SagaStore for CrashingStore {
         &self,
         run_id: Uuid,
     ) -> StoreResult<saga_harness::saga::store::ClaimedRun> {
+        self.claims_read.fetch_add(1, Ordering::SeqCst);
         self.inner.claim_and_read(run_id).await
     }
     async fn create_run(&self, new: NewRun) -> StoreResult<(Run, bool)> {
