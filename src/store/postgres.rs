@@ -16,11 +16,18 @@
 //! transaction, so PgBouncer never hands its halves to two servers.
 
 use crate::saga::model::Durability;
-use crate::store::sql::saga_store_sql;
+use crate::saga::model::*;
+use crate::saga::status::*;
+use crate::saga::store::{Backend, SagaStore, StoreError, StoreResult};
+use crate::store::sql::{
+    approves_individually, check_new_step, counts_as_irreversible, db, db_error,
+    settle_event_detail, step_event_detail, Dialect, Sql,
+};
 use crate::store::StoreSettings;
+use chrono::Utc;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Acquire as _, PgConnection, PgPool, Postgres};
+use sqlx::{Connection as _, PgConnection, PgPool, Postgres};
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -196,15 +203,6 @@ impl PostgresStore {
         Ok(())
     }
 
-    /// Whether statements stay prepared on their connection: not behind a
-    /// transaction pooler, which may give the next transaction another
-    /// server. (Process-wide: one pooled store in a process makes every
-    /// PostgreSQL store send its statements unnamed, which is slower but
-    /// right everywhere.)
-    fn keeps_statements() -> bool {
-        KEEP_STATEMENTS.load(Ordering::Relaxed)
-    }
-
     /// Whether the URL names a transaction pooler (see `StoreSettings`).
     pub fn behind_pooler(&self) -> bool {
         self.settings.pg_transaction_pooler
@@ -212,15 +210,6 @@ impl PostgresStore {
 
     pub fn session_pool(&self) -> PgPool {
         self.pool.clone()
-    }
-
-    /// A connection for reads (see `Session`).
-    async fn read_conn(&self) -> StoreResult<Session> {
-        self.session().await
-    }
-
-    async fn write(&self, _durability: Durability) -> StoreResult<PoolConnection<Postgres>> {
-        self.pool.acquire().await.map_err(db)
     }
 
     /// A connection for statements outside the caller's own transaction:
@@ -233,18 +222,6 @@ impl PostgresStore {
         }
         let tx = sqlx::Transaction::begin(conn, None).await.map_err(db)?;
         Ok(Session::Pooled(tx))
-    }
-
-    /// Lets this transaction's commit return before its WAL is flushed; the
-    /// next durable commit flushes it (the WAL is written in order).
-    async fn lazy_commit(tx: &mut PgConnection, durability: Durability) -> StoreResult<()> {
-        if durability == Durability::Lazy {
-            query("SET LOCAL synchronous_commit = off")
-                .execute(tx)
-                .await
-                .map_err(db)?;
-        }
-        Ok(())
     }
 
     /// Whether `err` says the connection itself broke (the server
@@ -263,7 +240,7 @@ impl PostgresStore {
 
 /// Where statements outside a caller's transaction go: a pooled connection,
 /// or behind a transaction pooler a transaction of their own.
-enum Session {
+pub(crate) enum Session {
     Plain(PoolConnection<Postgres>),
     Pooled(sqlx::Transaction<'static, Postgres>),
 }
@@ -396,35 +373,9 @@ struct NoRun;
 impl crate::saga::store::RunClaim for NoRun {}
 
 impl PostgresStore {
-    async fn claim(
-        &self,
-        run_id: uuid::Uuid,
-    ) -> StoreResult<Box<dyn crate::saga::store::RunClaim>> {
-        Ok(self.claim_and_read_here(run_id).await?.claim)
-    }
-
-    async fn claim_now(
-        &self,
-        run_id: uuid::Uuid,
-    ) -> StoreResult<Option<Box<dyn crate::saga::store::RunClaim>>> {
-        match self.lease_and_read(run_id, Duration::ZERO).await {
-            Ok(claimed) => Ok(Some(claimed.claim)),
-            Err(StoreError::RunBusy { .. }) => Ok(None),
-            Err(err) => Err(err),
-        }
-    }
-
-    async fn claim_and_read_here(
-        &self,
-        run_id: uuid::Uuid,
-    ) -> StoreResult<crate::saga::store::ClaimedRun> {
-        self.lease_and_read(run_id, Duration::from_millis(self.settings.run_wait_ms))
-            .await
-    }
-
     /// Takes the run's lease and reads the run (the row the lease was
     /// written to), its unsettled steps and its steps owed to the agent, in
-    /// one round trip: three statements sent as one simple query (no
+    /// one round trip: three statements sent as one simple Sql::<PostgresStore>::query (no
     /// prepared statement, so a transaction pooler keeps them together).
     /// The steps' read takes its own snapshot after the lease's statement
     /// ended, so it sees every commit of the lease's previous holder (one
@@ -473,7 +424,7 @@ impl PostgresStore {
             let rows = self.simple_query(&batch).await?;
             pending.pool = None;
             // The run's row comes back only with the lease.
-            let read = run_and_unsettled(&rows)?;
+            let read = Sql::<PostgresStore>::run_and_unsettled(&rows)?;
             if read.run.is_some() {
                 return Ok(crate::saga::store::ClaimedRun {
                     claim: Box::new(self.lease_claim(run_id, token)),
@@ -551,35 +502,6 @@ impl PostgresStore {
         }
     }
 
-    /// The intent row in one statement (one round trip, one commit): the
-    /// guarded counter update, the row and its audit line. When the run's
-    /// counter does not match nothing is written, and a second query says
-    /// why. A statement that found its connection broken is sent once more;
-    /// if the first one had landed, the second finds the step it wrote.
-    async fn record_step_alone(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
-        check_new_step(&new)?;
-        let taken = || format!("idempotency key {}", new.idempotency_key);
-        match self.try_record_step(&new, actor).await {
-            Ok(result) => result,
-            Err(err) if self.broke(&err) => {
-                match self
-                    .try_record_step(&new, actor)
-                    .await
-                    .map_err(|e| db_error(e, taken))?
-                {
-                    Err(StoreError::StepExists { step_idx }) => {
-                        match self.step(new.run_id, step_idx).await? {
-                            Some(step) if step.idempotency_key == new.idempotency_key => Ok(step),
-                            _ => Err(StoreError::StepExists { step_idx }),
-                        }
-                    }
-                    other => other,
-                }
-            }
-            Err(err) => Err(db_error(err, taken)),
-        }
-    }
-
     /// One attempt at `record_step_alone`; `Err` is the driver's error.
     async fn try_record_step(
         &self,
@@ -591,7 +513,7 @@ impl PostgresStore {
             Err(err) => return Ok(Err(err)),
         };
         let now = Utc::now();
-        let statement = query(concat!(
+        let statement = Sql::<PostgresStore>::query(concat!(
             "WITH advanced AS (
                 UPDATE runs SET next_step = next_step + 1,
                     irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11
@@ -607,36 +529,23 @@ impl PostgresStore {
              )
              SELECT * FROM inserted"
         ));
-        let row = bind_new_step(statement, new, now)
+        let row = Sql::<PostgresStore>::bind_new_step(statement, new, now)
             .bind(i64::from(counts_as_irreversible(new)))
             .bind(actor.to_string())
             .bind(step_event_detail(new))
             .fetch_optional(&mut *conn)
             .await?;
         let result = match row {
-            Some(row) => step_from(&row),
-            None => Err(why_step_refused(&mut conn, new.run_id, new.step_idx).await),
+            Some(row) => Sql::<PostgresStore>::step_from(&row),
+            None => {
+                Err(
+                    Sql::<PostgresStore>::why_step_refused(&mut conn, new.run_id, new.step_idx)
+                        .await,
+                )
+            }
         };
         conn.finish().await?;
         Ok(result)
-    }
-
-    /// An outcome in one statement: the compare-and-set, its audit line,
-    /// and for a lazy commit `synchronous_commit = off` for this statement's
-    /// own transaction only. (`settle_step` sends a held step released by
-    /// a person down the general path instead.) Sent once more when it
-    /// found its connection broken; if the first had landed, the second
-    /// finds the step already moved to this outcome.
-    async fn settle_step_alone(
-        &self,
-        run_id: uuid::Uuid,
-        step_idx: i64,
-        outcome: Outcome,
-        durability: Durability,
-        actor: &Actor,
-    ) -> StoreResult<Step> {
-        self.settle_step_releasing(run_id, step_idx, outcome, durability, actor, None)
-            .await
     }
 
     /// `settle_step_alone`, giving back in the same statement the lease
@@ -688,7 +597,7 @@ impl PostgresStore {
         };
         // A durable commit keeps whatever the server is set to.
         let commit_mode = (durability == Durability::Lazy).then_some("off");
-        let statement = query(concat!(
+        let statement = Sql::<PostgresStore>::query(concat!(
             "WITH commit_mode AS (
                 SELECT set_config('synchronous_commit',
                     COALESCE($9, current_setting('synchronous_commit')), true) AS mode
@@ -708,16 +617,23 @@ impl PostgresStore {
              )
              SELECT * FROM settled"
         ));
-        let row = bind_outcome(statement, outcome, Utc::now(), run_id, step_idx)
-            .bind(commit_mode)
-            .bind(actor.to_string())
-            .bind(settle_event_detail(outcome))
-            .bind(release)
-            .fetch_optional(&mut *conn)
-            .await?;
+        let row =
+            Sql::<PostgresStore>::bind_outcome(statement, outcome, Utc::now(), run_id, step_idx)
+                .bind(commit_mode)
+                .bind(actor.to_string())
+                .bind(settle_event_detail(outcome))
+                .bind(release)
+                .fetch_optional(&mut *conn)
+                .await?;
         let result = match row {
-            Some(row) => step_from(&row),
-            None => Err(step_not_settled(&mut conn, run_id, step_idx, outcome.from).await),
+            Some(row) => Sql::<PostgresStore>::step_from(&row),
+            None => Err(Sql::<PostgresStore>::step_not_settled(
+                &mut conn,
+                run_id,
+                step_idx,
+                outcome.from,
+            )
+            .await),
         };
         conn.finish().await?;
         Ok(result)
@@ -734,6 +650,130 @@ impl PostgresStore {
             .unwrap_or_else(|p| p.into_inner())
             .get(&run_id)
             .cloned()
+    }
+
+    /// One attempt at `claim_and_record_step_here`; `Err` is the driver's.
+    async fn try_claim_and_record(
+        &self,
+        new: &NewStep,
+        agent: &str,
+        actor: &Actor,
+        lease: &Lease<'_>,
+    ) -> Result<StoreResult<Option<sqlx::postgres::PgRow>>, sqlx::Error> {
+        let mut conn = match self.session().await {
+            Ok(conn) => conn,
+            Err(err) => return Ok(Err(err)),
+        };
+        let statement = Sql::<PostgresStore>::query(concat!(
+            "WITH advanced AS (
+                UPDATE runs SET next_step = next_step + 1,
+                    irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11,
+                    lease_owner = $15,
+                    lease_until = clock_timestamp() + $16::float8 * interval '1 millisecond'
+                WHERE id = $1 AND next_step = $2 AND agent = $17 AND status = 'RUNNING'
+                    AND (lease_owner IS NULL OR lease_until < clock_timestamp()
+                        OR lease_owner = $18)
+                    AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND status IN ",
+            crate::store::sql::unsettled_sql!(),
+            ")
+                    AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND owed_to_agent)
+                RETURNING id
+             ), inserted AS (",
+            crate::store::sql::new_step_insert!(),
+            " FROM advanced RETURNING *
+             ), logged AS (
+                INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status,
+                    detail, at)
+                SELECT run_id, 'step', step_idx, $13, NULL, status, $14, $11 FROM inserted
+             )
+             SELECT * FROM inserted"
+        ));
+        let row = Sql::<PostgresStore>::bind_new_step(statement, new, Utc::now())
+            .bind(i64::from(counts_as_irreversible(new)))
+            .bind(actor.to_string())
+            .bind(step_event_detail(new))
+            .bind(lease.token.to_owned())
+            .bind(lease.ms)
+            .bind(agent.to_owned())
+            .bind(lease.handover.clone())
+            .fetch_optional(&mut *conn)
+            .await?;
+        conn.finish().await?;
+        Ok(Ok(row))
+    }
+}
+
+/// A lease the hot path's statement asks for.
+struct Lease<'a> {
+    token: &'a str,
+    /// This store's own lease of the run, let go of and maybe not yet
+    /// released in the database.
+    handover: Option<String>,
+    ms: i64,
+}
+
+impl Dialect for PostgresStore {
+    type Db = Postgres;
+    type Reader = Session;
+    const BACKEND: Backend = Backend::Postgres;
+    const RUN_FOR_UPDATE: &'static str = concat!("SELECT * FROM runs WHERE id = $1", " FOR UPDATE");
+    const APPROVAL_FOR_UPDATE: &'static str =
+        concat!("SELECT * FROM approvals WHERE id = $1", " FOR UPDATE");
+
+    /// A connection for reads (see `Session`).
+    async fn read_conn(&self) -> StoreResult<Session> {
+        self.session().await
+    }
+
+    async fn write(&self, _durability: Durability) -> StoreResult<PoolConnection<Postgres>> {
+        self.pool.acquire().await.map_err(db)
+    }
+
+    /// Whether statements stay prepared on their connection: not behind a
+    /// transaction pooler, which may give the next transaction another
+    /// server. (Process-wide: one pooled store in a process makes every
+    /// PostgreSQL store send its statements unnamed, which is slower but
+    /// right everywhere.)
+    fn keeps_statements() -> bool {
+        KEEP_STATEMENTS.load(Ordering::Relaxed)
+    }
+
+    /// Lets this transaction's commit return before its WAL is flushed; the
+    /// next durable commit flushes it (the WAL is written in order).
+    async fn lazy_commit(tx: &mut PgConnection, durability: Durability) -> StoreResult<()> {
+        if durability == Durability::Lazy {
+            Sql::<PostgresStore>::query("SET LOCAL synchronous_commit = off")
+                .execute(tx)
+                .await
+                .map_err(db)?;
+        }
+        Ok(())
+    }
+
+    async fn claim(
+        &self,
+        run_id: uuid::Uuid,
+    ) -> StoreResult<Box<dyn crate::saga::store::RunClaim>> {
+        Ok(self.claim_and_read_here(run_id).await?.claim)
+    }
+
+    async fn claim_now(
+        &self,
+        run_id: uuid::Uuid,
+    ) -> StoreResult<Option<Box<dyn crate::saga::store::RunClaim>>> {
+        match self.lease_and_read(run_id, Duration::ZERO).await {
+            Ok(claimed) => Ok(Some(claimed.claim)),
+            Err(StoreError::RunBusy { .. }) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn claim_and_read_here(
+        &self,
+        run_id: uuid::Uuid,
+    ) -> StoreResult<crate::saga::store::ClaimedRun> {
+        self.lease_and_read(run_id, Duration::from_millis(self.settings.run_wait_ms))
+            .await
     }
 
     /// The hot path's claim and intent in one statement (one round trip,
@@ -777,59 +817,9 @@ impl PostgresStore {
         let Some(row) = row else {
             return Ok(None);
         };
-        let step = step_from(&row)?;
+        let step = Sql::<PostgresStore>::step_from(&row)?;
         pending.pool = None;
         Ok(Some((Box::new(self.lease_claim(new.run_id, token)), step)))
-    }
-
-    /// One attempt at `claim_and_record_step_here`; `Err` is the driver's.
-    async fn try_claim_and_record(
-        &self,
-        new: &NewStep,
-        agent: &str,
-        actor: &Actor,
-        lease: &Lease<'_>,
-    ) -> Result<StoreResult<Option<sqlx::postgres::PgRow>>, sqlx::Error> {
-        let mut conn = match self.session().await {
-            Ok(conn) => conn,
-            Err(err) => return Ok(Err(err)),
-        };
-        let statement = query(concat!(
-            "WITH advanced AS (
-                UPDATE runs SET next_step = next_step + 1,
-                    irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11,
-                    lease_owner = $15,
-                    lease_until = clock_timestamp() + $16::float8 * interval '1 millisecond'
-                WHERE id = $1 AND next_step = $2 AND agent = $17 AND status = 'RUNNING'
-                    AND (lease_owner IS NULL OR lease_until < clock_timestamp()
-                        OR lease_owner = $18)
-                    AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND status IN ",
-            crate::store::sql::unsettled_sql!(),
-            ")
-                    AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND owed_to_agent)
-                RETURNING id
-             ), inserted AS (",
-            crate::store::sql::new_step_insert!(),
-            " FROM advanced RETURNING *
-             ), logged AS (
-                INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status,
-                    detail, at)
-                SELECT run_id, 'step', step_idx, $13, NULL, status, $14, $11 FROM inserted
-             )
-             SELECT * FROM inserted"
-        ));
-        let row = bind_new_step(statement, new, Utc::now())
-            .bind(i64::from(counts_as_irreversible(new)))
-            .bind(actor.to_string())
-            .bind(step_event_detail(new))
-            .bind(lease.token.to_owned())
-            .bind(lease.ms)
-            .bind(agent.to_owned())
-            .bind(lease.handover.clone())
-            .fetch_optional(&mut *conn)
-            .await?;
-        conn.finish().await?;
-        Ok(Ok(row))
     }
 
     /// `settle_step` and, in the same statement, the lease given back if
@@ -860,23 +850,54 @@ impl PostgresStore {
         claim.given_back();
         Ok(settled)
     }
-}
 
-/// A lease the hot path's statement asks for.
-struct Lease<'a> {
-    token: &'a str,
-    /// This store's own lease of the run, let go of and maybe not yet
-    /// released in the database.
-    handover: Option<String>,
-    ms: i64,
-}
+    /// The intent row in one statement (one round trip, one commit): the
+    /// guarded counter update, the row and its audit line. When the run's
+    /// counter does not match nothing is written, and a second query says
+    /// why. A statement that found its connection broken is sent once more;
+    /// if the first one had landed, the second finds the step it wrote.
+    async fn record_step_alone(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
+        check_new_step(&new)?;
+        let taken = || format!("idempotency key {}", new.idempotency_key);
+        match self.try_record_step(&new, actor).await {
+            Ok(result) => result,
+            Err(err) if self.broke(&err) => {
+                match self
+                    .try_record_step(&new, actor)
+                    .await
+                    .map_err(|e| db_error(e, taken))?
+                {
+                    Err(StoreError::StepExists { step_idx }) => {
+                        match self.step(new.run_id, step_idx).await? {
+                            Some(step) if step.idempotency_key == new.idempotency_key => Ok(step),
+                            _ => Err(StoreError::StepExists { step_idx }),
+                        }
+                    }
+                    other => other,
+                }
+            }
+            Err(err) => Err(db_error(err, taken)),
+        }
+    }
 
-saga_store_sql!(
-    PostgresStore,
-    Postgres,
-    Backend::Postgres,
-    for_update = " FOR UPDATE"
-);
+    /// An outcome in one statement: the compare-and-set, its audit line,
+    /// and for a lazy commit `synchronous_commit = off` for this statement's
+    /// own transaction only. (`settle_step` sends a held step released by
+    /// a person down the general path instead.) Sent once more when it
+    /// found its connection broken; if the first had landed, the second
+    /// finds the step already moved to this outcome.
+    async fn settle_step_alone(
+        &self,
+        run_id: uuid::Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+    ) -> StoreResult<Step> {
+        self.settle_step_releasing(run_id, step_idx, outcome, durability, actor, None)
+            .await
+    }
+}
 
 /// The newest migration this build carries for PostgreSQL.
 pub fn newest_migration_needed() -> i64 {

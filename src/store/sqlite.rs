@@ -8,8 +8,15 @@
 //! lazy outcome commits use `NORMAL` (DESIGN.md §9).
 
 use crate::saga::model::Durability;
+use crate::saga::model::*;
+use crate::saga::status::*;
+use crate::saga::store::{Backend, SagaStore, StoreError, StoreResult};
 use crate::store::group_commit::{GroupWriter, WriteJob};
-use crate::store::sql::saga_store_sql;
+use crate::store::sql::{
+    check_new_step, counts_as_irreversible, db, db_error, settle_event_detail, step_event_detail,
+    Dialect, Sql,
+};
+use chrono::Utc;
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
@@ -121,6 +128,107 @@ impl SqliteStore {
         self.readers.close().await;
         self.writer.close().await;
     }
+}
+
+/// The writes of an intent, for `WriteJob`: each write after the counter
+/// runs only when the one before it changed a row (SQLite has no
+/// data-modifying CTE).
+macro_rules! intent {
+    () => {
+        intent!("")
+    };
+    ($also:expr) => {
+        concat!(
+            "UPDATE runs SET next_step = next_step + 1,
+            irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11
+         WHERE id = $1 AND next_step = $2",
+            $also,
+            ";",
+            crate::store::sql::new_step_insert!(),
+            " WHERE changes() = 1 RETURNING *;
+             INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
+             SELECT $1, 'step', $2, $13, NULL, $7, $14, $11 WHERE changes() = 1;"
+        )
+    };
+}
+
+/// The extra test of the hot path's intent (see `claim_and_record_step`):
+/// the run is the agent's (`$15`), RUNNING, and has no step unsettled or
+/// owed to the agent.
+macro_rules! ready_run {
+    () => {
+        concat!(
+            " AND agent = $15 AND status = 'RUNNING'
+             AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND status IN ",
+            crate::store::sql::unsettled_sql!(),
+            ")
+             AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND owed_to_agent = 1)"
+        )
+    };
+}
+
+/// The writes of an outcome, for `WriteJob`.
+macro_rules! settle {
+    () => {
+        concat!(
+            crate::store::sql::outcome_cas!("saga_log"),
+            ";
+             INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
+             SELECT $6, 'step', $7, $9, $8, $1, $10, $5 WHERE changes() = 1;"
+        )
+    };
+}
+
+/// The values bound to `query`, for a job that runs them under other text.
+fn job_args(
+    mut query: sqlx::query::Query<'static, Sqlite, SqliteArguments<'static>>,
+) -> StoreResult<SqliteArguments<'static>> {
+    use sqlx::Execute as _;
+    query
+        .take_arguments()
+        .map_err(|e| StoreError::Invalid(format!("a value could not be bound: {e}")))
+        .map(Option::unwrap_or_default)
+}
+
+pub struct NoClaim;
+impl crate::saga::store::RunClaim for NoClaim {}
+
+fn lock_path(db: &Path) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+fn take_process_lock(db: &Path) -> StoreResult<File> {
+    let path = lock_path(db);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| {
+            StoreError::Database(format!("cannot create lock file {}: {e}", path.display()))
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(TryLockError::WouldBlock) => Err(StoreError::Invalid(format!(
+            "{} is in use by another saga-harness process. A SQLite saga log has one harness at a time: \
+             stop the other process, or point every instance at PostgreSQL (DATABASE_URL=postgres://...)",
+            db.display()
+        ))),
+        Err(TryLockError::Error(e)) => Err(StoreError::Database(format!(
+            "cannot lock {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+impl Dialect for SqliteStore {
+    type Db = Sqlite;
+    type Reader = PoolConnection<Sqlite>;
+    const BACKEND: Backend = Backend::Sqlite;
+    const RUN_FOR_UPDATE: &'static str = concat!("SELECT * FROM runs WHERE id = $1", "");
+    const APPROVAL_FOR_UPDATE: &'static str = concat!("SELECT * FROM approvals WHERE id = $1", "");
 
     async fn read_conn(&self) -> StoreResult<PoolConnection<Sqlite>> {
         self.readers.acquire().await.map_err(db)
@@ -157,215 +265,6 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// The intent row: the guarded counter update, the row and its audit
-    /// line, committed at `synchronous = FULL` (see `intent!`). A counter
-    /// that does not match writes nothing, and a second query says why.
-    async fn record_step_alone(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
-        check_new_step(&new)?;
-        let now = Utc::now();
-        let args = job_args(
-            bind_new_step(sqlx::query(""), &new, now)
-                .bind(i64::from(counts_as_irreversible(&new)))
-                .bind(actor.to_string())
-                .bind(step_event_detail(&new)),
-        )?;
-        let rows = self
-            .group
-            .write(WriteJob {
-                alone: concat!(
-                    "PRAGMA synchronous = FULL; BEGIN IMMEDIATE;",
-                    intent!(),
-                    "COMMIT;"
-                ),
-                grouped: concat!("SAVEPOINT job;", intent!(), "RELEASE job;"),
-                args,
-                durability: Durability::Durable,
-            })
-            .await
-            .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
-        match rows.first() {
-            Some(row) => step_from(row),
-            None => {
-                let mut conn = self.write(Durability::Durable).await?;
-                Err(why_step_refused(&mut conn, new.run_id, new.step_idx).await)
-            }
-        }
-    }
-
-    /// An outcome: the compare-and-set and its audit line, at the
-    /// durability asked for (see `settle!`). (`settle_step` sends a held
-    /// step released by a person down the general path instead.)
-    async fn settle_step_alone(
-        &self,
-        run_id: uuid::Uuid,
-        step_idx: i64,
-        outcome: Outcome,
-        durability: Durability,
-        actor: &Actor,
-    ) -> StoreResult<Step> {
-        let args = job_args(
-            bind_outcome(sqlx::query(""), &outcome, Utc::now(), run_id, step_idx)
-                .bind(actor.to_string())
-                .bind(settle_event_detail(&outcome)),
-        )?;
-        let alone = match durability {
-            Durability::Durable => {
-                concat!(
-                    "PRAGMA synchronous = FULL; BEGIN IMMEDIATE;",
-                    settle!(),
-                    "COMMIT;"
-                )
-            }
-            Durability::Lazy => {
-                concat!(
-                    "PRAGMA synchronous = NORMAL; BEGIN IMMEDIATE;",
-                    settle!(),
-                    "COMMIT;"
-                )
-            }
-        };
-        let rows = self
-            .group
-            .write(WriteJob {
-                alone,
-                grouped: concat!("SAVEPOINT job;", settle!(), "RELEASE job;"),
-                args,
-                durability,
-            })
-            .await
-            .map_err(db)?;
-        match rows.first() {
-            Some(row) => step_from(row),
-            None => {
-                let mut conn = self.write(durability).await?;
-                Err(step_not_settled(&mut conn, run_id, step_idx, outcome.from).await)
-            }
-        }
-    }
-}
-
-/// The writes of an intent, for `WriteJob`: each write after the counter
-/// runs only when the one before it changed a row (SQLite has no
-/// data-modifying CTE).
-macro_rules! intent {
-    () => {
-        intent!("")
-    };
-    ($also:expr) => {
-        concat!(
-            "UPDATE runs SET next_step = next_step + 1,
-            irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11
-         WHERE id = $1 AND next_step = $2",
-            $also,
-            ";",
-            crate::store::sql::new_step_insert!(),
-            " WHERE changes() = 1 RETURNING *;
-             INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
-             SELECT $1, 'step', $2, $13, NULL, $7, $14, $11 WHERE changes() = 1;"
-        )
-    };
-}
-use intent;
-
-/// The extra test of the hot path's intent (see `claim_and_record_step`):
-/// the run is the agent's (`$15`), RUNNING, and has no step unsettled or
-/// owed to the agent.
-macro_rules! ready_run {
-    () => {
-        concat!(
-            " AND agent = $15 AND status = 'RUNNING'
-             AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND status IN ",
-            crate::store::sql::unsettled_sql!(),
-            ")
-             AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND owed_to_agent = 1)"
-        )
-    };
-}
-
-/// The writes of an outcome, for `WriteJob`.
-macro_rules! settle {
-    () => {
-        concat!(
-            crate::store::sql::outcome_cas!("saga_log"),
-            ";
-             INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
-             SELECT $6, 'step', $7, $9, $8, $1, $10, $5 WHERE changes() = 1;"
-        )
-    };
-}
-use settle;
-
-/// The values bound to `query`, for a job that runs them under other text.
-fn job_args(
-    mut query: sqlx::query::Query<'static, Sqlite, SqliteArguments<'static>>,
-) -> StoreResult<SqliteArguments<'static>> {
-    use sqlx::Execute as _;
-    query
-        .take_arguments()
-        .map_err(|e| StoreError::Invalid(format!("a value could not be bound: {e}")))
-        .map(Option::unwrap_or_default)
-}
-
-impl SqliteStore {
-    /// The hot path: the intent, written only if the run is ready for it,
-    /// in the same grouped commit as any other intent. (The claim is free:
-    /// one process owns the file.)
-    async fn claim_and_record_step_here(
-        &self,
-        agent: &str,
-        new: NewStep,
-        actor: &Actor,
-    ) -> StoreResult<Option<(Box<dyn crate::saga::store::RunClaim>, Step)>> {
-        check_new_step(&new)?;
-        if new.status != StepStatus::Intended {
-            return Ok(None);
-        }
-        let args = job_args(
-            bind_new_step(sqlx::query(""), &new, Utc::now())
-                .bind(i64::from(counts_as_irreversible(&new)))
-                .bind(actor.to_string())
-                .bind(step_event_detail(&new))
-                .bind(agent.to_owned()),
-        )?;
-        let rows = self
-            .group
-            .write(WriteJob {
-                alone: concat!(
-                    "PRAGMA synchronous = FULL; BEGIN IMMEDIATE;",
-                    intent!(ready_run!()),
-                    "COMMIT;"
-                ),
-                grouped: concat!("SAVEPOINT job;", intent!(ready_run!()), "RELEASE job;"),
-                args,
-                durability: Durability::Durable,
-            })
-            .await
-            .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
-        match rows.first() {
-            Some(row) => Ok(Some((Box::new(NoClaim), step_from(row)?))),
-            None => Ok(None),
-        }
-    }
-
-    /// Nothing to give back: the outcome alone.
-    async fn settle_step_and_release_here(
-        &self,
-        run_id: uuid::Uuid,
-        step_idx: i64,
-        outcome: Outcome,
-        durability: Durability,
-        actor: &Actor,
-        _claim: &mut dyn crate::saga::store::RunClaim,
-    ) -> StoreResult<Step> {
-        self.settle_step(run_id, step_idx, outcome, durability, actor)
-            .await
-    }
-}
-
-pub struct NoClaim;
-impl crate::saga::store::RunClaim for NoClaim {}
-
-impl SqliteStore {
     async fn claim(
         &self,
         _run_id: uuid::Uuid,
@@ -396,45 +295,165 @@ impl SqliteStore {
         .fetch_all(&self.readers)
         .await
         .map_err(db)?;
-        let read = run_and_unsettled(&rows)?;
+        let read = Sql::<SqliteStore>::run_and_unsettled(&rows)?;
         Ok(crate::saga::store::ClaimedRun {
             claim: self.claim(run_id).await?,
             read,
         })
     }
-}
 
-fn lock_path(db: &Path) -> PathBuf {
-    let mut name = db.as_os_str().to_owned();
-    name.push(".lock");
-    PathBuf::from(name)
-}
+    /// The hot path: the intent, written only if the run is ready for it,
+    /// in the same grouped commit as any other intent. (The claim is free:
+    /// one process owns the file.)
+    async fn claim_and_record_step_here(
+        &self,
+        agent: &str,
+        new: NewStep,
+        actor: &Actor,
+    ) -> StoreResult<Option<(Box<dyn crate::saga::store::RunClaim>, Step)>> {
+        check_new_step(&new)?;
+        if new.status != StepStatus::Intended {
+            return Ok(None);
+        }
+        let args = job_args(
+            Sql::<SqliteStore>::bind_new_step(sqlx::query(""), &new, Utc::now())
+                .bind(i64::from(counts_as_irreversible(&new)))
+                .bind(actor.to_string())
+                .bind(step_event_detail(&new))
+                .bind(agent.to_owned()),
+        )?;
+        let rows = self
+            .group
+            .write(WriteJob {
+                alone: concat!(
+                    "PRAGMA synchronous = FULL; BEGIN IMMEDIATE;",
+                    intent!(ready_run!()),
+                    "COMMIT;"
+                ),
+                grouped: concat!("SAVEPOINT job;", intent!(ready_run!()), "RELEASE job;"),
+                args,
+                durability: Durability::Durable,
+            })
+            .await
+            .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
+        match rows.first() {
+            Some(row) => Ok(Some((
+                Box::new(NoClaim),
+                Sql::<SqliteStore>::step_from(row)?,
+            ))),
+            None => Ok(None),
+        }
+    }
 
-fn take_process_lock(db: &Path) -> StoreResult<File> {
-    let path = lock_path(db);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| {
-            StoreError::Database(format!("cannot create lock file {}: {e}", path.display()))
-        })?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(TryLockError::WouldBlock) => Err(StoreError::Invalid(format!(
-            "{} is in use by another saga-harness process. A SQLite saga log has one harness at a time: \
-             stop the other process, or point every instance at PostgreSQL (DATABASE_URL=postgres://...)",
-            db.display()
-        ))),
-        Err(TryLockError::Error(e)) => Err(StoreError::Database(format!(
-            "cannot lock {}: {e}",
-            path.display()
-        ))),
+    /// Nothing to give back: the outcome alone.
+    async fn settle_step_and_release_here(
+        &self,
+        run_id: uuid::Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+        _claim: &mut dyn crate::saga::store::RunClaim,
+    ) -> StoreResult<Step> {
+        self.settle_step(run_id, step_idx, outcome, durability, actor)
+            .await
+    }
+
+    /// The intent row: the guarded counter update, the row and its audit
+    /// line, committed at `synchronous = FULL` (see `intent!`). A counter
+    /// that does not match writes nothing, and a second query says why.
+    async fn record_step_alone(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
+        check_new_step(&new)?;
+        let now = Utc::now();
+        let args = job_args(
+            Sql::<SqliteStore>::bind_new_step(sqlx::query(""), &new, now)
+                .bind(i64::from(counts_as_irreversible(&new)))
+                .bind(actor.to_string())
+                .bind(step_event_detail(&new)),
+        )?;
+        let rows = self
+            .group
+            .write(WriteJob {
+                alone: concat!(
+                    "PRAGMA synchronous = FULL; BEGIN IMMEDIATE;",
+                    intent!(),
+                    "COMMIT;"
+                ),
+                grouped: concat!("SAVEPOINT job;", intent!(), "RELEASE job;"),
+                args,
+                durability: Durability::Durable,
+            })
+            .await
+            .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
+        match rows.first() {
+            Some(row) => Sql::<SqliteStore>::step_from(row),
+            None => {
+                let mut conn = self.write(Durability::Durable).await?;
+                Err(Sql::<SqliteStore>::why_step_refused(&mut conn, new.run_id, new.step_idx).await)
+            }
+        }
+    }
+
+    /// An outcome: the compare-and-set and its audit line, at the
+    /// durability asked for (see `settle!`). (`settle_step` sends a held
+    /// step released by a person down the general path instead.)
+    async fn settle_step_alone(
+        &self,
+        run_id: uuid::Uuid,
+        step_idx: i64,
+        outcome: Outcome,
+        durability: Durability,
+        actor: &Actor,
+    ) -> StoreResult<Step> {
+        let args = job_args(
+            Sql::<SqliteStore>::bind_outcome(
+                sqlx::query(""),
+                &outcome,
+                Utc::now(),
+                run_id,
+                step_idx,
+            )
+            .bind(actor.to_string())
+            .bind(settle_event_detail(&outcome)),
+        )?;
+        let alone = match durability {
+            Durability::Durable => {
+                concat!(
+                    "PRAGMA synchronous = FULL; BEGIN IMMEDIATE;",
+                    settle!(),
+                    "COMMIT;"
+                )
+            }
+            Durability::Lazy => {
+                concat!(
+                    "PRAGMA synchronous = NORMAL; BEGIN IMMEDIATE;",
+                    settle!(),
+                    "COMMIT;"
+                )
+            }
+        };
+        let rows = self
+            .group
+            .write(WriteJob {
+                alone,
+                grouped: concat!("SAVEPOINT job;", settle!(), "RELEASE job;"),
+                args,
+                durability,
+            })
+            .await
+            .map_err(db)?;
+        match rows.first() {
+            Some(row) => Sql::<SqliteStore>::step_from(row),
+            None => {
+                let mut conn = self.write(durability).await?;
+                Err(
+                    Sql::<SqliteStore>::step_not_settled(&mut conn, run_id, step_idx, outcome.from)
+                        .await,
+                )
+            }
+        }
     }
 }
-
-saga_store_sql!(SqliteStore, Sqlite, Backend::Sqlite, for_update = "");
 
 /// The newest migration this build carries for SQLite.
 pub fn newest_migration_needed() -> i64 {
