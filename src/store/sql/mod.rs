@@ -394,25 +394,14 @@ where
     }
 
     async fn run(&self, id: Uuid) -> StoreResult<Option<Run>> {
-        Sql::<D>::query("SELECT * FROM runs WHERE id = $1")
-            .bind(id.to_string())
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .as_ref()
-            .map(Sql::<D>::run_from)
-            .transpose()
+        let query = Sql::<D>::query("SELECT * FROM runs WHERE id = $1").bind(id.to_string());
+        Sql::<D>::one(&mut *self.read_conn().await?, query, Sql::<D>::run_from).await
     }
 
     async fn list_runs(&self, limit: i64) -> StoreResult<Vec<Run>> {
-        Sql::<D>::query("SELECT * FROM runs ORDER BY created_at DESC, id LIMIT $1")
-            .bind(limit)
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(Sql::<D>::run_from)
-            .collect()
+        let query =
+            Sql::<D>::query("SELECT * FROM runs ORDER BY created_at DESC, id LIMIT $1").bind(limit);
+        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::run_from).await
     }
 
     async fn runs_page(
@@ -563,26 +552,16 @@ where
     }
 
     async fn step(&self, run_id: Uuid, step_idx: i64) -> StoreResult<Option<Step>> {
-        Sql::<D>::query("SELECT * FROM saga_log WHERE run_id = $1 AND step_idx = $2")
+        let query = Sql::<D>::query("SELECT * FROM saga_log WHERE run_id = $1 AND step_idx = $2")
             .bind(run_id.to_string())
-            .bind(step_idx)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .as_ref()
-            .map(Sql::<D>::step_from)
-            .transpose()
+            .bind(step_idx);
+        Sql::<D>::one(&mut *self.read_conn().await?, query, Sql::<D>::step_from).await
     }
 
     async fn steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
-        Sql::<D>::query("SELECT * FROM saga_log WHERE run_id = $1 ORDER BY step_idx")
-            .bind(run_id.to_string())
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(Sql::<D>::step_from)
-            .collect()
+        let query = Sql::<D>::query("SELECT * FROM saga_log WHERE run_id = $1 ORDER BY step_idx")
+            .bind(run_id.to_string());
+        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::step_from).await
     }
 
     async fn unsettled_steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
@@ -603,14 +582,9 @@ where
     }
 
     async fn step_by_key(&self, idempotency_key: &str) -> StoreResult<Option<Step>> {
-        Sql::<D>::query("SELECT * FROM saga_log WHERE idempotency_key = $1")
-            .bind(idempotency_key)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .as_ref()
-            .map(Sql::<D>::step_from)
-            .transpose()
+        let query = Sql::<D>::query("SELECT * FROM saga_log WHERE idempotency_key = $1")
+            .bind(idempotency_key);
+        Sql::<D>::one(&mut *self.read_conn().await?, query, Sql::<D>::step_from).await
     }
 
     async fn set_owed_to_agent(&self, run_id: Uuid, step_idx: i64, owed: bool) -> StoreResult<()> {
@@ -788,16 +762,16 @@ where
     }
 
     async fn compensations(&self, run_id: Uuid) -> StoreResult<Vec<Compensation>> {
-        Sql::<D>::query(
+        let query = Sql::<D>::query(
             "SELECT * FROM compensations WHERE run_id = $1 ORDER BY created_at, step_idx",
         )
-        .bind(run_id.to_string())
-        .fetch_all(&mut *self.read_conn().await?)
+        .bind(run_id.to_string());
+        Sql::<D>::all(
+            &mut *self.read_conn().await?,
+            query,
+            Sql::<D>::compensation_from,
+        )
         .await
-        .map_err(db)?
-        .iter()
-        .map(Sql::<D>::compensation_from)
-        .collect()
     }
 
     async fn request_approval(
@@ -990,52 +964,52 @@ where
     }
 
     async fn approval(&self, id: i64) -> StoreResult<Option<Approval>> {
-        Sql::<D>::query("SELECT * FROM approvals WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .as_ref()
-            .map(Sql::<D>::approval_from)
-            .transpose()
+        let query = Sql::<D>::query("SELECT * FROM approvals WHERE id = $1").bind(id);
+        Sql::<D>::one(
+            &mut *self.read_conn().await?,
+            query,
+            Sql::<D>::approval_from,
+        )
+        .await
     }
 
     async fn approvals(&self, run_id: Uuid) -> StoreResult<Vec<Approval>> {
-        Sql::<D>::query("SELECT * FROM approvals WHERE run_id = $1 ORDER BY id")
-            .bind(run_id.to_string())
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(Sql::<D>::approval_from)
-            .collect()
+        let query = Sql::<D>::query("SELECT * FROM approvals WHERE run_id = $1 ORDER BY id")
+            .bind(run_id.to_string());
+        Sql::<D>::all(
+            &mut *self.read_conn().await?,
+            query,
+            Sql::<D>::approval_from,
+        )
+        .await
     }
 
     async fn pending_approvals(&self) -> StoreResult<Vec<Approval>> {
-        Sql::<D>::query("SELECT * FROM approvals WHERE status = $1 ORDER BY created_at, id")
-            .bind(ApprovalStatus::Pending.as_str())
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(Sql::<D>::approval_from)
-            .collect()
+        let query =
+            Sql::<D>::query("SELECT * FROM approvals WHERE status = $1 ORDER BY created_at, id")
+                .bind(ApprovalStatus::Pending.as_str());
+        Sql::<D>::all(
+            &mut *self.read_conn().await?,
+            query,
+            Sql::<D>::approval_from,
+        )
+        .await
     }
 
     async fn approvals_without_notice(&self) -> StoreResult<Vec<Approval>> {
-        Sql::<D>::query(
+        let query = Sql::<D>::query(
             "SELECT a.* FROM approvals a
                      WHERE a.status = $1
                        AND NOT EXISTS (SELECT 1 FROM approval_notices n WHERE n.approval_id = a.id)
                      ORDER BY a.created_at, a.id",
         )
-        .bind(ApprovalStatus::Pending.as_str())
-        .fetch_all(&mut *self.read_conn().await?)
+        .bind(ApprovalStatus::Pending.as_str());
+        Sql::<D>::all(
+            &mut *self.read_conn().await?,
+            query,
+            Sql::<D>::approval_from,
+        )
         .await
-        .map_err(db)?
-        .iter()
-        .map(Sql::<D>::approval_from)
-        .collect()
     }
 
     async fn record_notice(&self, new: NewNotice) -> StoreResult<Notice> {
@@ -1090,27 +1064,19 @@ where
     }
 
     async fn open_notices(&self) -> StoreResult<Vec<Notice>> {
-        Sql::<D>::query(
+        let query = Sql::<D>::query(
             "SELECT * FROM approval_notices WHERE done = $1 ORDER BY created_at, approval_id",
         )
-        .bind(false)
-        .fetch_all(&mut *self.read_conn().await?)
-        .await
-        .map_err(db)?
-        .iter()
-        .map(Sql::<D>::notice_from)
-        .collect()
+        .bind(false);
+        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::notice_from).await
     }
 
     async fn notices(&self, approval_id: i64) -> StoreResult<Vec<Notice>> {
-        Sql::<D>::query("SELECT * FROM approval_notices WHERE approval_id = $1 ORDER BY created_at")
-            .bind(approval_id)
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(Sql::<D>::notice_from)
-            .collect()
+        let query = Sql::<D>::query(
+            "SELECT * FROM approval_notices WHERE approval_id = $1 ORDER BY created_at",
+        )
+        .bind(approval_id);
+        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::notice_from).await
     }
 
     async fn first_sighting(
@@ -1407,38 +1373,38 @@ where
     }
 
     async fn correction(&self, id: i64) -> StoreResult<Option<Correction>> {
-        Sql::<D>::query("SELECT * FROM corrections WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .as_ref()
-            .map(Sql::<D>::correction_from)
-            .transpose()
+        let query = Sql::<D>::query("SELECT * FROM corrections WHERE id = $1").bind(id);
+        Sql::<D>::one(
+            &mut *self.read_conn().await?,
+            query,
+            Sql::<D>::correction_from,
+        )
+        .await
     }
 
     async fn corrections(&self, run_id: Uuid) -> StoreResult<Vec<Correction>> {
-        Sql::<D>::query("SELECT * FROM corrections WHERE run_id = $1 ORDER BY rank DESC, id")
-            .bind(run_id.to_string())
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(Sql::<D>::correction_from)
-            .collect()
+        let query =
+            Sql::<D>::query("SELECT * FROM corrections WHERE run_id = $1 ORDER BY rank DESC, id")
+                .bind(run_id.to_string());
+        Sql::<D>::all(
+            &mut *self.read_conn().await?,
+            query,
+            Sql::<D>::correction_from,
+        )
+        .await
     }
 
     async fn correction_queue(&self) -> StoreResult<Vec<Correction>> {
-        Sql::<D>::query(
+        let query = Sql::<D>::query(
             "SELECT * FROM corrections WHERE status IN ('pending', 'approved')
                      ORDER BY rank DESC, created_at, id",
+        );
+        Sql::<D>::all(
+            &mut *self.read_conn().await?,
+            query,
+            Sql::<D>::correction_from,
         )
-        .fetch_all(&mut *self.read_conn().await?)
         .await
-        .map_err(db)?
-        .iter()
-        .map(Sql::<D>::correction_from)
-        .collect()
     }
 
     async fn correction_inbox(&self) -> StoreResult<Vec<QueuedCorrection>> {
@@ -1500,27 +1466,18 @@ where
         after_id: i64,
         limit: i64,
     ) -> StoreResult<Vec<Event>> {
-        Sql::<D>::query("SELECT * FROM events WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3")
-            .bind(run_id.to_string())
-            .bind(after_id)
-            .bind(limit)
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(Sql::<D>::event_from)
-            .collect()
+        let query = Sql::<D>::query(
+            "SELECT * FROM events WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+        )
+        .bind(run_id.to_string())
+        .bind(after_id)
+        .bind(limit);
+        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::event_from).await
     }
 
     async fn recent_events(&self, limit: i64) -> StoreResult<Vec<Event>> {
-        Sql::<D>::query("SELECT * FROM events ORDER BY id DESC LIMIT $1")
-            .bind(limit)
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(Sql::<D>::event_from)
-            .collect()
+        let query = Sql::<D>::query("SELECT * FROM events ORDER BY id DESC LIMIT $1").bind(limit);
+        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::event_from).await
     }
 
     async fn audit_page(
@@ -1536,27 +1493,17 @@ where
         } else {
             "SELECT * FROM events WHERE id < $1 ORDER BY id DESC LIMIT $2"
         };
-        Sql::<D>::query(sql)
+        let query = Sql::<D>::query(sql)
             .bind(before_id.unwrap_or(i64::MAX))
-            .bind(limit)
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(Sql::<D>::event_from)
-            .collect()
+            .bind(limit);
+        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::event_from).await
     }
 
     async fn all_events_after(&self, after_id: i64, limit: i64) -> StoreResult<Vec<Event>> {
-        Sql::<D>::query("SELECT * FROM events WHERE id > $1 ORDER BY id LIMIT $2")
+        let query = Sql::<D>::query("SELECT * FROM events WHERE id > $1 ORDER BY id LIMIT $2")
             .bind(after_id)
-            .bind(limit)
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(Sql::<D>::event_from)
-            .collect()
+            .bind(limit);
+        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::event_from).await
     }
 
     async fn add_user(&self, username: &str, password_hash: &str, role: Role) -> StoreResult<User> {

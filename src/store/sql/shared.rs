@@ -34,6 +34,36 @@ where
         sqlx::query(sql).persistent(D::keeps_statements())
     }
 
+    /// Every row `query` finds, each read by `from`.
+    pub(crate) async fn all<'q, T>(
+        conn: &mut DbConn<D>,
+        query: sqlx::query::Query<'q, D::Db, DbArgs<'q, D>>,
+        from: fn(&DbRow<D>) -> StoreResult<T>,
+    ) -> StoreResult<Vec<T>> {
+        query
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db)?
+            .iter()
+            .map(from)
+            .collect()
+    }
+
+    /// The row `query` finds, if any, read by `from`.
+    pub(crate) async fn one<'q, T>(
+        conn: &mut DbConn<D>,
+        query: sqlx::query::Query<'q, D::Db, DbArgs<'q, D>>,
+        from: fn(&DbRow<D>) -> StoreResult<T>,
+    ) -> StoreResult<Option<T>> {
+        query
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db)?
+            .as_ref()
+            .map(from)
+            .transpose()
+    }
+
     pub(crate) fn query_scalar<O>(
         sql: &str,
     ) -> sqlx::query::QueryScalar<'_, D::Db, O, DbArgs<'_, D>>
