@@ -116,6 +116,25 @@ impl Api {
         assert_eq!(status, StatusCode::CREATED, "{body}");
         body["run"]["id"].as_str().unwrap().to_owned()
     }
+
+    /// The OpenAPI document, as served (without a token).
+    async fn openapi(&self) -> reqwest::Response {
+        let root = self.base.trim_end_matches("/api/v1");
+        self.http
+            .get(format!("{root}{}", saga_harness::api::OPENAPI_PATH))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Proposes the pivot that captures a $500 payment.
+    async fn propose_capture(&self, run: &str) -> (StatusCode, Value) {
+        self.post(
+            &format!("/runs/{run}/pivot"),
+            json!({"summary": "capture the payment", "commit": [{"tool": "charge_card", "args": {"amount": 500}}]}),
+        )
+        .await
+    }
 }
 
 #[tokio::test]
@@ -362,12 +381,7 @@ async fn pivot_unwind_and_complete_over_http() {
         (status, answer["code"].as_str()),
         (StatusCode::CONFLICT, Some("run_has_open_effects"))
     );
-    let (status, pivot) = api
-        .post(
-            &format!("/runs/{run}/pivot"),
-            json!({"summary": "capture the payment", "commit": [{"tool": "charge_card", "args": {"amount": 500}}]}),
-        )
-        .await;
+    let (status, pivot) = api.propose_capture(&run).await;
     assert_eq!(status, StatusCode::OK, "{pivot}");
     assert_eq!(pivot["outcome"], "awaiting_approval");
     assert!(
@@ -536,12 +550,7 @@ const ROUTES: &[(&str, &str)] = &[
 async fn the_openapi_document_is_valid_openapi_3_and_covers_every_route() {
     let api = start(common::sqlite()).await;
     let root = api.base.trim_end_matches("/api/v1");
-    let response = api
-        .http
-        .get(format!("{root}{}", saga_harness::api::OPENAPI_PATH))
-        .send()
-        .await
-        .unwrap();
+    let response = api.openapi().await;
     assert_eq!(response.status(), StatusCode::OK, "served without a token");
     let doc: Value = response.json().await.unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
@@ -614,16 +623,7 @@ fn keys_of(object: &Value) -> Vec<String> {
 #[tokio::test]
 async fn the_documented_schemas_name_every_field_the_api_sends() {
     let api = start(common::sqlite()).await;
-    let root = api.base.trim_end_matches("/api/v1");
-    let doc: Value = api
-        .http
-        .get(format!("{root}{}", saga_harness::api::OPENAPI_PATH))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc: Value = api.openapi().await.json().await.unwrap();
     let schemas = &doc["components"]["schemas"];
     let documented = |name: &str| keys_of(&schemas[name]["properties"]);
 
@@ -635,12 +635,7 @@ async fn the_documented_schemas_name_every_field_the_api_sends() {
         )
         .await;
     assert_eq!(outcome["outcome"], "confirmed", "{outcome}");
-    let (status, pivot) = api
-        .post(
-            &format!("/runs/{run}/pivot"),
-            json!({"summary": "capture the payment", "commit": [{"tool": "charge_card", "args": {"amount": 500}}]}),
-        )
-        .await;
+    let (status, pivot) = api.propose_capture(&run).await;
     assert_eq!(status, StatusCode::OK, "{pivot}");
     let (status, view) = api.get(&format!("/runs/{run}")).await;
     assert_eq!(status, StatusCode::OK, "{view}");
@@ -672,21 +667,9 @@ async fn the_documented_schemas_name_every_field_the_api_sends() {
     assert!(listed("ApprovalStatus").contains(&sent(&view["pivot"]["status"])));
     // Every status the engine knows is documented, spelt as it is sent.
     for status in saga_harness::saga::status::RunStatus::ALL {
-        assert!(listed("RunStatus").contains(
-            &serde_json::to_value(status)
-                .unwrap()
-                .as_str()
-                .unwrap()
-                .to_owned()
-        ));
+        assert!(listed("RunStatus").contains(&sent(&serde_json::to_value(status).unwrap())));
     }
     for status in saga_harness::saga::status::StepStatus::ALL {
-        assert!(listed("StepStatus").contains(
-            &serde_json::to_value(status)
-                .unwrap()
-                .as_str()
-                .unwrap()
-                .to_owned()
-        ));
+        assert!(listed("StepStatus").contains(&sent(&serde_json::to_value(status).unwrap())));
     }
 }
