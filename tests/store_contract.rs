@@ -1667,23 +1667,13 @@ async fn postgres_the_hot_path_leases_with_the_intent_and_releases_with_the_outc
             StepStatus::Intended,
         )
     };
-    let lease_owner = || async {
-        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
-        let owner: Option<String> =
-            sqlx::query_scalar("SELECT lease_owner FROM runs WHERE id = $1")
-                .bind(run.id.to_string())
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-        pool.close().await;
-        owner
-    };
+    let owner = || lease_owner(&db.url, run.id);
     let (mut claim, logged) = a
         .claim_and_record_step("support-bot", new(0), &actor)
         .await
         .unwrap()
         .expect("a ready run");
-    assert!(lease_owner().await.is_some(), "the intent took no lease");
+    assert!(owner().await.is_some(), "the intent took no lease");
     assert!(
         b.try_claim_run(run.id).await.unwrap().is_none(),
         "another instance claimed a run whose step is out"
@@ -1700,7 +1690,7 @@ async fn postgres_the_hot_path_leases_with_the_intent_and_releases_with_the_outc
         .await
         .unwrap();
     assert_eq!(settled.status, StepStatus::Confirmed);
-    assert_eq!(lease_owner().await, None, "the outcome kept the lease");
+    assert_eq!(owner().await, None, "the outcome kept the lease");
     let taken = b
         .try_claim_run(run.id)
         .await
@@ -1710,7 +1700,7 @@ async fn postgres_the_hot_path_leases_with_the_intent_and_releases_with_the_outc
     drop(taken);
     // The other instance's claim is released off its caller's path.
     common::until("the other instance's release", || async {
-        lease_owner().await.is_none().then_some(())
+        owner().await.is_none().then_some(())
     })
     .await;
 
@@ -1741,10 +1731,271 @@ async fn postgres_the_hot_path_leases_with_the_intent_and_releases_with_the_outc
     .await
     .unwrap();
     assert_eq!(
-        lease_owner().await.as_deref(),
+        owner().await.as_deref(),
         Some("other-instance/1"),
         "a late outcome released another holder's lease"
     );
+}
+
+/// Group commit on PostgreSQL: the hot path's step writes of many runs,
+/// waiting at once, go to the database as one statement with one commit
+/// (the intents with their leases, then the outcomes giving the leases
+/// back), and each caller gets its own step.
+#[tokio::test]
+async fn postgres_step_writes_of_many_runs_share_one_statement_and_commit() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    step_writes_share_one_statement(&db, Default::default()).await;
+}
+
+/// The same behind a transaction-pooling PgBouncer.
+#[tokio::test]
+async fn postgres_step_writes_share_one_statement_behind_pgbouncer() {
+    let Some(db) = common::postgres_via_pgbouncer().await else {
+        return;
+    };
+    let settings = saga_harness::store::StoreSettings {
+        pg_transaction_pooler: true,
+        ..Default::default()
+    };
+    step_writes_share_one_statement(&db, settings).await;
+}
+
+/// A PostgreSQL store on `db` (behind its pooler when `settings` says so,
+/// after migrating the database itself, as `saga-harness migrate` would).
+async fn open_postgres(
+    db: &common::TestDb,
+    settings: saga_harness::store::StoreSettings,
+) -> Arc<saga_harness::store::postgres::PostgresStore> {
+    use saga_harness::store::postgres::PostgresStore;
+    if settings.pg_transaction_pooler {
+        let direct = PostgresStore::open(&db.direct_url, &Default::default())
+            .await
+            .unwrap();
+        direct.session_pool().close().await;
+    }
+    Arc::new(PostgresStore::open(&db.url, &settings).await.unwrap())
+}
+
+async fn step_writes_share_one_statement(
+    db: &common::TestDb,
+    settings: saga_harness::store::StoreSettings,
+) {
+    let url = db.direct_url.as_str();
+    let pg = open_postgres(db, settings).await;
+    let store: Store = pg.clone();
+    let mut runs = Vec::new();
+    for _ in 0..12 {
+        runs.push(new_run(&store, None).await);
+    }
+    let held = hold_the_pool(&pg).await;
+    let before = pg.commit_groups();
+    let mut claims = Vec::new();
+    for run in &runs {
+        let new = step(
+            run,
+            0,
+            "jira.create",
+            ToolClass::Compensatable,
+            StepStatus::Intended,
+        );
+        let store = store.clone();
+        claims.push(tokio::spawn(async move {
+            store
+                .claim_and_record_step("support-bot", new, &agent())
+                .await
+        }));
+    }
+    while pg.commit_groups().sent < before.sent + runs.len() as u64 {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    let mut claimed = Vec::new();
+    for claim in claims {
+        let (claim, step) = claim.await.unwrap().unwrap().expect("a ready run");
+        assert_eq!(step.status, StepStatus::Intended);
+        claimed.push((claim, step));
+    }
+    let after = pg.commit_groups();
+    assert_eq!(after.groups - before.groups, 1, "{before:?} → {after:?}");
+    assert_eq!(after.jobs - before.jobs, runs.len() as u64);
+    for ((_, step), run) in claimed.iter().zip(&runs) {
+        assert_eq!(step.run_id, run.id, "a caller got another run's step");
+        assert!(
+            lease_owner(url, run.id).await.is_some(),
+            "the intent took no lease"
+        );
+        assert_eq!(store.run(run.id).await.unwrap().unwrap().next_step, 1);
+    }
+
+    // Their outcomes, waiting at once, go together and give the leases back.
+    let held = hold_the_pool(&pg).await;
+    let before = pg.commit_groups();
+    let mut settles = Vec::new();
+    for (i, (mut claim, step)) in claimed.into_iter().enumerate() {
+        let store = store.clone();
+        settles.push(tokio::spawn(async move {
+            store
+                .settle_step_and_release(
+                    step.run_id,
+                    step.step_idx,
+                    Outcome::confirmed(StepStatus::Intended, format!("PROJ-{i}"), json!({"i": i})),
+                    Durability::Lazy,
+                    &agent(),
+                    claim.as_mut(),
+                )
+                .await
+        }));
+    }
+    while pg.commit_groups().sent < before.sent + runs.len() as u64 {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    for (i, (settle, run)) in settles.into_iter().zip(&runs).enumerate() {
+        let settled = settle.await.unwrap().unwrap();
+        assert_eq!(settled.run_id, run.id);
+        assert_eq!(settled.status, StepStatus::Confirmed);
+        assert_eq!(
+            settled.external_ref.as_deref(),
+            Some(format!("PROJ-{i}").as_str())
+        );
+        assert_eq!(settled.result, Some(json!({"i": i})));
+        assert_eq!(
+            lease_owner(url, run.id).await,
+            None,
+            "the outcome kept the lease"
+        );
+        let lines: Vec<_> = store
+            .events(Some(run.id), 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.entity == "step")
+            .map(|e| (e.from_status, e.to_status))
+            .collect();
+        assert_eq!(lines.len(), 2, "run {i}: {lines:?}");
+    }
+    let after = pg.commit_groups();
+    assert_eq!(after.groups - before.groups, 1, "{before:?} → {after:?}");
+}
+
+/// One refused write in a group (a key already in the log) refuses that
+/// write alone: the group's others land, the refused run has no step and
+/// no audit line, and a run that is not ready is sent down the general
+/// path (no claim), not refused.
+#[tokio::test]
+async fn postgres_a_refused_step_write_in_a_group_refuses_only_itself() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let pg = open_postgres(&db, Default::default()).await;
+    let store: Store = pg.clone();
+    let earlier = new_run(&store, None).await;
+    let taken = store
+        .record_step(
+            step(
+                &earlier,
+                0,
+                "jira.create",
+                ToolClass::Compensatable,
+                StepStatus::Intended,
+            ),
+            &agent(),
+        )
+        .await
+        .unwrap();
+    let mut runs = Vec::new();
+    for _ in 0..8 {
+        runs.push(new_run(&store, None).await);
+    }
+    let held = hold_the_pool(&pg).await;
+    let before = pg.commit_groups();
+    let mut claims = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        let mut new = step(
+            run,
+            0,
+            "jira.create",
+            ToolClass::Compensatable,
+            StepStatus::Intended,
+        );
+        if i == 3 {
+            new.idempotency_key = taken.idempotency_key.clone();
+        }
+        if i == 5 {
+            new.step_idx = 4;
+        }
+        let store = store.clone();
+        claims.push(tokio::spawn(async move {
+            store
+                .claim_and_record_step("support-bot", new, &agent())
+                .await
+        }));
+    }
+    while pg.commit_groups().sent < before.sent + runs.len() as u64 {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    for (i, (claim, run)) in claims.into_iter().zip(&runs).enumerate() {
+        let result = claim.await.unwrap();
+        let next_step = store.run(run.id).await.unwrap().unwrap().next_step;
+        let step_lines = store
+            .events(Some(run.id), 100)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|e| e.entity == "step")
+            .count();
+        match i {
+            3 => {
+                assert!(
+                    matches!(result, Err(StoreError::Duplicate { .. })),
+                    "{:?}",
+                    result.map(|r| r.map(|(_, s)| s))
+                );
+                assert_eq!((next_step, step_lines), (0, 0), "run {i}");
+                assert_eq!(lease_owner(&db.url, run.id).await, None);
+            }
+            5 => {
+                assert!(
+                    matches!(result, Ok(None)),
+                    "run {i}: not ready, not claimed"
+                );
+                assert_eq!((next_step, step_lines), (0, 0), "run {i}");
+            }
+            _ => {
+                let (_claim, step) = result.unwrap().expect("a ready run");
+                assert_eq!((step.run_id, step.step_idx), (run.id, 0));
+                assert_eq!((next_step, step_lines), (1, 1), "run {i}");
+            }
+        }
+    }
+}
+
+/// Every connection of the store's pool, held until dropped: step writes
+/// queue meanwhile, and go together once they are let go.
+async fn hold_the_pool(
+    pg: &saga_harness::store::postgres::PostgresStore,
+) -> Vec<sqlx::pool::PoolConnection<sqlx::Postgres>> {
+    let mut held = Vec::new();
+    for _ in 0..saga_harness::store::postgres::POOL_SIZE {
+        held.push(pg.session_pool().acquire().await.unwrap());
+    }
+    held
+}
+
+async fn lease_owner(url: &str, run_id: Uuid) -> Option<String> {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let owner = sqlx::query_scalar("SELECT lease_owner FROM runs WHERE id = $1")
+        .bind(run_id.to_string())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    owner
 }
 
 /// R2 with group commit: the step writes of many runs, sent at once, share

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 /// The most jobs one transaction carries.
-const MAX_GROUP: usize = 64;
+pub(crate) const MAX_GROUP: usize = 64;
 
 /// The most jobs waiting for the writer: four groups' worth. Callers past
 /// it wait their turn (back-pressure), so a burst cannot queue without end.
@@ -49,10 +49,31 @@ pub struct GroupWriter {
 
 /// Jobs sent, transactions begun, and the jobs those carried.
 #[derive(Default)]
-struct Counts {
+pub(crate) struct Counts {
     sent: AtomicU64,
     groups: AtomicU64,
     jobs: AtomicU64,
+}
+
+impl Counts {
+    /// One more job queued.
+    pub(crate) fn sent(&self) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One more group, carrying `jobs`.
+    pub(crate) fn group(&self, jobs: usize) {
+        self.groups.fetch_add(1, Ordering::Relaxed);
+        self.jobs.fetch_add(jobs as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn now(&self) -> GroupCounts {
+        GroupCounts {
+            sent: self.sent.load(Ordering::Relaxed),
+            groups: self.groups.load(Ordering::Relaxed),
+            jobs: self.jobs.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// What the writer has done so far: `jobs / groups` is how many step
@@ -76,11 +97,7 @@ impl GroupWriter {
     }
 
     pub fn counts(&self) -> GroupCounts {
-        GroupCounts {
-            sent: self.counts.sent.load(Ordering::Relaxed),
-            groups: self.counts.groups.load(Ordering::Relaxed),
-            jobs: self.counts.jobs.load(Ordering::Relaxed),
-        }
+        self.counts.now()
     }
 
     /// Runs `job` in the next group; its rows once that group committed.
@@ -92,7 +109,7 @@ impl GroupWriter {
             .send((job, reply))
             .await
             .map_err(|_| sqlx::Error::PoolClosed)?;
-        self.counts.sent.fetch_add(1, Ordering::Relaxed);
+        self.counts.sent();
         answer.await.map_err(|_| sqlx::Error::PoolClosed)?
     }
 }
@@ -120,8 +137,7 @@ async fn run(
                 Err(_) => break,
             }
         }
-        counts.groups.fetch_add(1, Ordering::Relaxed);
-        counts.jobs.fetch_add(group.len() as u64, Ordering::Relaxed);
+        counts.group(group.len());
         if group.len() == 1 {
             if let Some((job, reply)) = group.pop() {
                 let _ = reply.send(alone(conn, job, normal.clone()).await);

@@ -34,9 +34,13 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod step_writes;
+
+use step_writes::{IntentRecord, OutcomeRecord, StepWrite, StepWriter};
+
 /// Connections in the pool. None is held across a tool call, so this bounds
 /// statements in progress, not calls in flight.
-const POOL_SIZE: u32 = 32;
+pub const POOL_SIZE: u32 = 32;
 
 static KEEP_STATEMENTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
@@ -54,12 +58,33 @@ pub struct PostgresStore {
     /// discarded instead of lent out, so a server restart costs one failed
     /// statement, which is retried, not one per pooled connection.
     broken_at: Arc<AtomicI64>,
+    /// The hot path's step writes, grouped (see `step_writes`).
+    writer: StepWriter,
 }
 
 type Released = Arc<std::sync::Mutex<HashMap<uuid::Uuid, String>>>;
 
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
+}
+
+/// Whether `err` says the connection itself broke (the server restarted,
+/// the network dropped): the statement may be sent again on a fresh
+/// connection, and pooled connections opened before now are suspect
+/// (`broken_at`).
+fn connection_broke(err: &sqlx::Error, broken_at: &AtomicI64) -> bool {
+    let broke = matches!(err, sqlx::Error::Io(_) | sqlx::Error::Protocol(_))
+        || matches!(err, sqlx::Error::Database(e)
+            if e.code().is_some_and(|c| c.starts_with("57P") || c.starts_with("08")));
+    if broke {
+        broken_at.store(now_ms(), Ordering::Release);
+    }
+    broke
+}
+
+/// Now, as the group statement's records carry it.
+fn record_time() -> String {
+    Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
 impl PostgresStore {
@@ -110,6 +135,11 @@ impl PostgresStore {
                 StoreError::Database(format!("cannot reach PostgreSQL at {place}: {e}"))
             })?;
         let store = PostgresStore {
+            writer: StepWriter::start(
+                pool.clone(),
+                settings.pg_transaction_pooler,
+                broken_at.clone(),
+            ),
             pool,
             instance: settings
                 .instance_id
@@ -224,17 +254,15 @@ impl PostgresStore {
         Ok(Session::Pooled(tx))
     }
 
-    /// Whether `err` says the connection itself broke (the server
-    /// restarted, the network dropped): the statement may be sent again on
-    /// a fresh connection, and older pooled connections are suspect.
+    /// See `connection_broke`.
     fn broke(&self, err: &sqlx::Error) -> bool {
-        let broke = matches!(err, sqlx::Error::Io(_) | sqlx::Error::Protocol(_))
-            || matches!(err, sqlx::Error::Database(e)
-                if e.code().is_some_and(|c| c.starts_with("57P") || c.starts_with("08")));
-        if broke {
-            self.broken_at.store(now_ms(), Ordering::Release);
-        }
-        broke
+        connection_broke(err, &self.broken_at)
+    }
+
+    /// What the hot path's step writer has done so far: `jobs / groups` is
+    /// how many step writes shared each statement and commit.
+    pub fn commit_groups(&self) -> crate::store::group_commit::GroupCounts {
+        self.writer.counts()
     }
 }
 
@@ -549,7 +577,10 @@ impl PostgresStore {
     }
 
     /// `settle_step_alone`, giving back in the same statement the lease
-    /// `release` names, if it still holds the run.
+    /// `release` names, if it still holds the run. The write goes in the
+    /// next group (`step_writes`); when it moved nothing, a read says why.
+    /// An outcome whose statement had to be sent twice and finds the step
+    /// already at this outcome had landed the first time.
     async fn settle_step_releasing(
         &self,
         run_id: uuid::Uuid,
@@ -559,84 +590,40 @@ impl PostgresStore {
         actor: &Actor,
         release: Option<&str>,
     ) -> StoreResult<Step> {
-        match self
-            .try_settle_step(run_id, step_idx, &outcome, durability, actor, release)
+        let record = OutcomeRecord {
+            run_id: run_id.to_string(),
+            step_idx,
+            from_status: outcome.from.as_str(),
+            to_status: outcome.to.as_str(),
+            external_ref: outcome.external_ref.clone(),
+            result: outcome.result.as_ref().map(|r| r.to_string()),
+            error: outcome.error.clone(),
+            at: record_time(),
+            actor: actor.to_string(),
+            detail: settle_event_detail(&outcome),
+            release: release.map(str::to_owned),
+            lazy: durability == Durability::Lazy,
+        };
+        let written = self
+            .writer
+            .write(StepWrite::Outcome(record))
             .await
-        {
-            Ok(result) => result,
-            Err(err) if self.broke(&err) => {
-                let again = self
-                    .try_settle_step(run_id, step_idx, &outcome, durability, actor, release)
-                    .await
-                    .map_err(db)?;
-                match again {
-                    Err(StoreError::Stale { .. }) => match self.step(run_id, step_idx).await? {
-                        Some(step) if step.status == outcome.to => Ok(step),
-                        _ => again,
-                    },
-                    other => other,
+            .map_err(db)?;
+        if let Some(row) = &written.row {
+            return Sql::<PostgresStore>::step_from(row);
+        }
+        let mut conn = self.session().await?;
+        let why =
+            Sql::<PostgresStore>::step_not_settled(&mut conn, run_id, step_idx, outcome.from).await;
+        conn.finish().await.map_err(db)?;
+        if written.sent_twice && matches!(why, StoreError::Stale { .. }) {
+            if let Some(step) = self.step(run_id, step_idx).await? {
+                if step.status == outcome.to {
+                    return Ok(step);
                 }
             }
-            Err(err) => Err(db(err)),
         }
-    }
-
-    /// One attempt at `settle_step_alone`; `Err` is the driver's error.
-    async fn try_settle_step(
-        &self,
-        run_id: uuid::Uuid,
-        step_idx: i64,
-        outcome: &Outcome,
-        durability: Durability,
-        actor: &Actor,
-        release: Option<&str>,
-    ) -> Result<StoreResult<Step>, sqlx::Error> {
-        let mut conn = match self.session().await {
-            Ok(conn) => conn,
-            Err(err) => return Ok(Err(err)),
-        };
-        // A durable commit keeps whatever the server is set to.
-        let commit_mode = (durability == Durability::Lazy).then_some("off");
-        let statement = Sql::<PostgresStore>::query(concat!(
-            "WITH commit_mode AS (
-                SELECT set_config('synchronous_commit',
-                    COALESCE($9, current_setting('synchronous_commit')), true) AS mode
-             ), settled AS (",
-            crate::store::sql::outcome_cas!(
-                "saga_log",
-                " AND (SELECT mode FROM commit_mode) IS NOT NULL"
-            ),
-            "), logged AS (
-                INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status,
-                    detail, at)
-                SELECT run_id, 'step', step_idx, $10, $8, $1, $11, $5 FROM settled
-             ), released AS (
-                UPDATE runs SET lease_owner = NULL, lease_until = NULL
-                WHERE $12::text IS NOT NULL AND id = $6 AND lease_owner = $12
-                    AND EXISTS (SELECT 1 FROM settled)
-             )
-             SELECT * FROM settled"
-        ));
-        let row =
-            Sql::<PostgresStore>::bind_outcome(statement, outcome, Utc::now(), run_id, step_idx)
-                .bind(commit_mode)
-                .bind(actor.to_string())
-                .bind(settle_event_detail(outcome))
-                .bind(release)
-                .fetch_optional(&mut *conn)
-                .await?;
-        let result = match row {
-            Some(row) => Sql::<PostgresStore>::step_from(&row),
-            None => Err(Sql::<PostgresStore>::step_not_settled(
-                &mut conn,
-                run_id,
-                step_idx,
-                outcome.from,
-            )
-            .await),
-        };
-        conn.finish().await?;
-        Ok(result)
+        Err(why)
     }
 }
 
@@ -651,65 +638,6 @@ impl PostgresStore {
             .get(&run_id)
             .cloned()
     }
-
-    /// One attempt at `claim_and_record_step_here`; `Err` is the driver's.
-    async fn try_claim_and_record(
-        &self,
-        new: &NewStep,
-        agent: &str,
-        actor: &Actor,
-        lease: &Lease<'_>,
-    ) -> Result<StoreResult<Option<sqlx::postgres::PgRow>>, sqlx::Error> {
-        let mut conn = match self.session().await {
-            Ok(conn) => conn,
-            Err(err) => return Ok(Err(err)),
-        };
-        let statement = Sql::<PostgresStore>::query(concat!(
-            "WITH advanced AS (
-                UPDATE runs SET next_step = next_step + 1,
-                    irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11,
-                    lease_owner = $15,
-                    lease_until = clock_timestamp() + $16::float8 * interval '1 millisecond'
-                WHERE id = $1 AND next_step = $2 AND agent = $17 AND status = 'RUNNING'
-                    AND (lease_owner IS NULL OR lease_until < clock_timestamp()
-                        OR lease_owner = $18)
-                    AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND status IN ",
-            crate::store::sql::unsettled_sql!(),
-            ")
-                    AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND owed_to_agent)
-                RETURNING id
-             ), inserted AS (",
-            crate::store::sql::new_step_insert!(),
-            " FROM advanced RETURNING *
-             ), logged AS (
-                INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status,
-                    detail, at)
-                SELECT run_id, 'step', step_idx, $13, NULL, status, $14, $11 FROM inserted
-             )
-             SELECT * FROM inserted"
-        ));
-        let row = Sql::<PostgresStore>::bind_new_step(statement, new, Utc::now())
-            .bind(i64::from(counts_as_irreversible(new)))
-            .bind(actor.to_string())
-            .bind(step_event_detail(new))
-            .bind(lease.token.to_owned())
-            .bind(lease.ms)
-            .bind(agent.to_owned())
-            .bind(lease.handover.clone())
-            .fetch_optional(&mut *conn)
-            .await?;
-        conn.finish().await?;
-        Ok(Ok(row))
-    }
-}
-
-/// A lease the hot path's statement asks for.
-struct Lease<'a> {
-    token: &'a str,
-    /// This store's own lease of the run, let go of and maybe not yet
-    /// released in the database.
-    handover: Option<String>,
-    ms: i64,
 }
 
 impl Dialect for PostgresStore {
@@ -776,15 +704,14 @@ impl Dialect for PostgresStore {
             .await
     }
 
-    /// The hot path's claim and intent in one statement (one round trip,
-    /// one durable commit): the run's row is advanced and leased only if
-    /// it is ready, then the step and its audit line are written from it.
-    /// The readiness test on the run's other steps reads the statement's
-    /// snapshot: a step settled by a holder this statement waited for looks
-    /// unsettled, which only sends the caller down the general path. A
-    /// statement that found its connection broken is sent once more; if
-    /// the first had landed, the second writes nothing, the pending lease
-    /// is released, and the general path finds the step logged.
+    /// The hot path's claim and intent in one write, grouped with other
+    /// runs' step writes (`step_writes`): the run's row is advanced and
+    /// leased only if it is ready, then the step and its audit line are
+    /// written from it. A run that is not ready gets nothing written and
+    /// its caller goes down the general path. A statement that found its
+    /// connection broken is sent once more; if the first had landed, the
+    /// second writes nothing, the pending lease is released, and the
+    /// general path finds the step logged.
     async fn claim_and_record_step_here(
         &self,
         agent: &str,
@@ -801,20 +728,33 @@ impl Dialect for PostgresStore {
             token: token.clone(),
             pool: Some(self.pool.clone()),
         };
-        let lease = Lease {
-            token: &token,
+        let record = IntentRecord {
+            run_id: new.run_id.to_string(),
+            step_idx: new.step_idx,
+            tool: new.tool.clone(),
+            tool_class: new.tool_class.as_str(),
+            idempotency_key: new.idempotency_key.clone(),
+            args: new.args.to_string(),
+            status: new.status.as_str(),
+            compensation: new.compensation.as_ref().map(|c| c.to_string()),
+            audience: new.audience.as_str(),
+            phase: new.phase.as_str(),
+            at: record_time(),
+            irreversible: i64::from(counts_as_irreversible(&new)),
+            actor: actor.to_string(),
+            detail: step_event_detail(&new),
+            agent: agent.to_owned(),
+            lease_owner: token.clone(),
+            lease_ms: self.settings.run_lease_ms as i64,
             handover: self.handover(new.run_id),
-            ms: self.settings.run_lease_ms as i64,
         };
         let taken = || format!("idempotency key {}", new.idempotency_key);
-        let row = match self.try_claim_and_record(&new, agent, actor, &lease).await {
-            Err(err) if self.broke(&err) => {
-                self.try_claim_and_record(&new, agent, actor, &lease).await
-            }
-            other => other,
-        }
-        .map_err(|e| db_error(e, taken))??;
-        let Some(row) = row else {
+        let written = self
+            .writer
+            .write(StepWrite::Intent(record))
+            .await
+            .map_err(|e| db_error(e, taken))?;
+        let Some(row) = written.row else {
             return Ok(None);
         };
         let step = Sql::<PostgresStore>::step_from(&row)?;
@@ -880,12 +820,11 @@ impl Dialect for PostgresStore {
         }
     }
 
-    /// An outcome in one statement: the compare-and-set, its audit line,
-    /// and for a lazy commit `synchronous_commit = off` for this statement's
-    /// own transaction only. (`settle_step` sends a held step released by
-    /// a person down the general path instead.) Sent once more when it
-    /// found its connection broken; if the first had landed, the second
-    /// finds the step already moved to this outcome.
+    /// An outcome in one write, grouped with other runs' step writes
+    /// (`step_writes`): the compare-and-set and its audit line, committed
+    /// lazily when `durability` allows and nothing else in its group needs
+    /// a flush. (`settle_step` sends a held step released by a person down
+    /// the general path instead.)
     async fn settle_step_alone(
         &self,
         run_id: uuid::Uuid,
