@@ -2,7 +2,7 @@
 //! dialect (`$n` parameters, `RETURNING`, `ON CONFLICT`), in one generic
 //! `impl SagaStore` over [`Dialect`], the small trait of what each backend
 //! does its own way (connections, durability, row locks, its hot path;
-//! sqlite.rs and postgres.rs).
+//! sqlite.rs and postgres/).
 
 use crate::saga::class::{Audience, Phase, Role, ToolClass};
 use crate::saga::model::*;
