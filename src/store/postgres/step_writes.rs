@@ -488,13 +488,16 @@ async fn send(
     writes: &[&StepWrite],
 ) -> Result<Vec<PgRow>, sqlx::Error> {
     let now = Utc::now();
-    let at = now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    // Records only for a group: a lone write binds its values directly.
     let mut intents = Vec::new();
     let mut outcomes = Vec::new();
-    for write in writes {
-        match write {
-            StepWrite::Intent(i) => intents.push(IntentRecord::of(i, &at)),
-            StepWrite::Outcome(o) => outcomes.push(OutcomeRecord::of(o, &at)),
+    if writes.len() > 1 {
+        let at = now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        for write in writes {
+            match write {
+                StepWrite::Intent(i) => intents.push(IntentRecord::of(i, &at)),
+                StepWrite::Outcome(o) => outcomes.push(OutcomeRecord::of(o, &at)),
+            }
         }
     }
     let statement = match writes {
