@@ -12,6 +12,37 @@ use sha2::{Digest, Sha256};
 /// What every issued token starts with, so a leaked one is recognisable.
 pub const TOKEN_PREFIX: &str = "sh_";
 
+/// What an agent whose token is unknown or revoked is told.
+pub const TOKEN_NOT_VALID: &str =
+    "this token is not valid; issue one with `saga-harness token create`";
+
+/// Tokens this instance has looked up and found valid: their agents, by
+/// hash. A token's agent never changes, but the token may be revoked at
+/// any time by any process, so a remembered token is never trusted on its
+/// own: the step's intent checks it in the same statement, and every other
+/// path looks it up (`Engine::call_from`). Bounded: past `KNOWN_TOKENS`
+/// entries it starts afresh.
+#[derive(Default)]
+pub struct KnownTokens(std::sync::Mutex<std::collections::HashMap<String, String>>);
+
+const KNOWN_TOKENS: usize = 10_000;
+
+impl KnownTokens {
+    /// The agent a token was issued to, if this instance has seen it valid.
+    pub fn agent(&self, hash: &str) -> Option<String> {
+        self.0.lock().ok()?.get(hash).cloned()
+    }
+
+    pub fn remember(&self, hash: String, agent: String) {
+        if let Ok(mut known) = self.0.lock() {
+            if known.len() >= KNOWN_TOKENS && !known.contains_key(&hash) {
+                known.clear();
+            }
+            known.insert(hash, agent);
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
     #[error("password must be at least {min} characters")]

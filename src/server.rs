@@ -172,6 +172,7 @@ impl Application {
             registry,
             engine,
             sign_ins: Arc::new(crate::auth::SignInThrottle::standard()),
+            known_tokens: Default::default(),
             trusted_proxies: Arc::new(args.limits.trusted_proxies.clone()),
             opened: opened.clone(),
             metrics,

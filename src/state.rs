@@ -19,6 +19,8 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     pub engine: Arc<Engine>,
     pub sign_ins: Arc<crate::auth::SignInThrottle>,
+    /// Agents' tokens this instance has found valid (see `KnownTokens`).
+    pub known_tokens: Arc<crate::auth::KnownTokens>,
     /// Reverse proxies whose `X-Forwarded-For` names the client.
     pub trusted_proxies: Arc<Vec<std::net::IpAddr>>,
     /// The database as opened: its readiness and its pool, for operators.

@@ -31,6 +31,7 @@ struct Api {
     token: String,
     other_token: String,
     world: Arc<World>,
+    store: Arc<dyn saga_harness::saga::store::SagaStore>,
     http: reqwest::Client,
     _db: common::TestDb,
     _tools: tempfile::TempDir,
@@ -81,6 +82,7 @@ async fn start(db: common::TestDb) -> Api {
         token,
         other_token,
         world,
+        store,
         http: reqwest::Client::new(),
         _db: db,
         _tools: tools,
@@ -228,6 +230,74 @@ async fn postgres_an_unknown_outcome_is_resolved_by_resending_the_step() {
         return;
     };
     an_unknown_outcome_is_resolved_by_resending_the_step(start(db).await).await;
+}
+
+/// A token this instance has found valid is not looked up again for a
+/// call on the hot path: the step's intent checks it in its own statement.
+/// Revoked by another process (here in the store, not through this
+/// server), it is refused at the very next call, which writes nothing and
+/// reaches no system; so is every call that takes another path: a re-sent
+/// step, a step out of order, another agent's run.
+async fn a_revoked_token_is_refused_at_its_next_call(api: Api) {
+    let run = api.new_run().await;
+    let calls = format!("/runs/{run}/calls");
+    let call = |step: i64| json!({"tool": "create_ticket", "args": {"summary": format!("ticket {step}")}, "step": step});
+    for step in 0..2 {
+        let (status, answer) = api.post(&calls, call(step)).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["outcome"], "confirmed");
+    }
+    let (status, theirs) = api
+        .send(
+            api.http
+                .post(format!("{}/runs", api.base))
+                .json(&json!({"purpose": "billing"})),
+            &api.other_token,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let theirs = theirs["run"]["id"].as_str().unwrap().to_owned();
+
+    assert_eq!(api.store.revoke_tokens("support-bot").await.unwrap(), 1);
+    let refused = [
+        ("a new step", calls.clone(), call(2)),
+        ("a re-sent step", calls.clone(), call(1)),
+        ("a step out of order", calls.clone(), call(7)),
+        (
+            "another agent's run",
+            format!("/runs/{theirs}/calls"),
+            call(0),
+        ),
+    ];
+    for (what, path, body) in refused {
+        let (status, answer) = api.post(&path, body).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{what}: {answer}");
+        assert_eq!(answer["code"], "unauthorized", "{what}");
+        assert!(
+            answer["message"].as_str().unwrap().contains("token create"),
+            "{what}: {answer}"
+        );
+    }
+    assert_eq!(api.world.effects("tickets.create").len(), 2);
+    let id = run.parse().unwrap();
+    assert_eq!(api.store.run(id).await.unwrap().unwrap().next_step, 2);
+    assert_eq!(api.store.steps(id).await.unwrap().len(), 2);
+    let id = theirs.parse().unwrap();
+    assert!(api.store.steps(id).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn sqlite_a_revoked_token_is_refused_at_its_next_call() {
+    a_revoked_token_is_refused_at_its_next_call(start(common::sqlite()).await).await;
+}
+
+#[tokio::test]
+async fn postgres_a_revoked_token_is_refused_at_its_next_call() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    a_revoked_token_is_refused_at_its_next_call(start(db).await).await;
 }
 
 #[tokio::test]

@@ -1169,6 +1169,82 @@ async fn a_claimed_run_comes_with_its_unsettled_steps(store: Store) {
     assert!(missing.read.run.is_none() && missing.read.unsettled.is_empty());
 }
 
+/// A bearer token the API has not looked up for this request is checked
+/// by the intent itself: the step lands only while the token is issued to
+/// the run's agent and not revoked, so a revocation (by any process)
+/// refuses the very next call, and a refused intent writes nothing.
+async fn a_new_step_lands_at_once_only_while_its_bearer_token_is_valid(store: Store) {
+    let actor = agent();
+    let run = new_run(&store, None).await;
+    store
+        .add_api_token("support-bot", "hash-live", None)
+        .await
+        .unwrap();
+    store
+        .add_api_token("another-bot", "hash-other", None)
+        .await
+        .unwrap();
+    let hot = |idx: i64, token: &'static str| {
+        let store = store.clone();
+        let new = step(
+            &run,
+            idx,
+            "jira.create",
+            ToolClass::Compensatable,
+            StepStatus::Intended,
+        );
+        let actor = actor.clone();
+        async move {
+            let bearer = Bearer {
+                agent: "support-bot",
+                token_to_check: Some(token),
+            };
+            store
+                .claim_and_record_step(bearer, new, &actor)
+                .await
+                .unwrap()
+        }
+    };
+    let nothing_written = |next_step: i64| {
+        let store = store.clone();
+        async move {
+            assert_eq!(
+                store.run(run.id).await.unwrap().unwrap().next_step,
+                next_step
+            );
+            assert_eq!(store.steps(run.id).await.unwrap().len() as i64, next_step);
+        }
+    };
+    assert!(
+        hot(0, "hash-unknown").await.is_none(),
+        "a token never issued"
+    );
+    assert!(
+        hot(0, "hash-other").await.is_none(),
+        "another agent's token"
+    );
+    nothing_written(0).await;
+
+    let (mut claim, logged) = hot(0, "hash-live").await.expect("a live token");
+    store
+        .settle_step_and_release(
+            run.id,
+            logged.step_idx,
+            Outcome::confirmed(StepStatus::Intended, "PROJ-1".into(), json!({})),
+            Durability::Lazy,
+            &actor,
+            claim.as_mut(),
+        )
+        .await
+        .unwrap();
+    drop(claim);
+    nothing_written(1).await;
+
+    assert_eq!(store.revoke_tokens("support-bot").await.unwrap(), 1);
+    assert!(hot(1, "hash-live").await.is_none(), "a revoked token");
+    nothing_written(1).await;
+}
+
 /// The hot path claims the run and writes a new step's intent in one
 /// commit, only when the run is ready for that step: RUNNING, the agent's,
 /// at its next index, with nothing unsettled and nothing owed to the
@@ -1190,7 +1266,12 @@ async fn a_new_step_is_claimed_and_recorded_at_once_only_on_a_ready_run(store: S
         let store = store.clone();
         let new = new(idx);
         let actor = actor.clone();
-        async move { store.claim_and_record_step(who, new, &actor).await.unwrap() }
+        async move {
+            store
+                .claim_and_record_step(who.into(), new, &actor)
+                .await
+                .unwrap()
+        }
     };
     assert!(hot(0, "another-bot").await.is_none(), "another agent's run");
     assert!(hot(1, "support-bot").await.is_none(), "a step out of order");
@@ -1496,6 +1577,7 @@ common::on_both_backends!(
     users_and_tokens,
     a_claimed_run_comes_with_its_unsettled_steps,
     a_new_step_is_claimed_and_recorded_at_once_only_on_a_ready_run,
+    a_new_step_lands_at_once_only_while_its_bearer_token_is_valid,
     stale_steps_are_the_old_unsettled_ones_of_live_runs,
     an_approvals_notice_is_written_once_and_kept_until_done,
     under_the_two_person_rule_the_first_approval_waits_and_one_rejection_ends_it,
@@ -1669,7 +1751,7 @@ async fn postgres_the_hot_path_leases_with_the_intent_and_releases_with_the_outc
     };
     let owner = || lease_owner(&db.url, run.id);
     let (mut claim, logged) = a
-        .claim_and_record_step("support-bot", new(0), &actor)
+        .claim_and_record_step("support-bot".into(), new(0), &actor)
         .await
         .unwrap()
         .expect("a ready run");
@@ -1706,7 +1788,7 @@ async fn postgres_the_hot_path_leases_with_the_intent_and_releases_with_the_outc
 
     // A holder that outlived its lease: someone else holds the run now.
     let (mut late, logged) = a
-        .claim_and_record_step("support-bot", new(1), &actor)
+        .claim_and_record_step("support-bot".into(), new(1), &actor)
         .await
         .unwrap()
         .expect("ready again");
@@ -1805,7 +1887,7 @@ async fn step_writes_share_one_statement(
         let store = store.clone();
         claims.push(tokio::spawn(async move {
             store
-                .claim_and_record_step("support-bot", new, &agent())
+                .claim_and_record_step("support-bot".into(), new, &agent())
                 .await
         }));
     }
@@ -1947,7 +2029,7 @@ async fn postgres_a_refused_step_write_in_a_group_refuses_only_itself() {
         let store = store.clone();
         claims.push(tokio::spawn(async move {
             store
-                .claim_and_record_step("support-bot", new, &agent())
+                .claim_and_record_step("support-bot".into(), new, &agent())
                 .await
         }));
     }
@@ -1987,6 +2069,83 @@ async fn postgres_a_refused_step_write_in_a_group_refuses_only_itself() {
                 assert_eq!((step.run_id, step.step_idx), (run.id, 0));
                 assert_eq!((next_step, step_lines), (1, 1), "run {i}");
             }
+        }
+    }
+}
+
+/// Each intent of a group checks its own bearer token: those whose token is
+/// another agent's write nothing and go down the general path, the others
+/// land, alone or grouped alike.
+#[tokio::test]
+async fn postgres_each_intent_of_a_group_checks_its_own_bearer_token() {
+    let Some(db) = common::postgres().await else {
+        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let pg = open_postgres(&db, Default::default()).await;
+    let store: Store = pg.clone();
+    store
+        .add_api_token("support-bot", "hash-live", None)
+        .await
+        .unwrap();
+    store
+        .add_api_token("another-bot", "hash-other", None)
+        .await
+        .unwrap();
+    let mut runs = Vec::new();
+    for _ in 0..8 {
+        runs.push(new_run(&store, None).await);
+    }
+    let held = hold_the_pool(&pg).await;
+    let before = pg.commit_groups();
+    let mut claims = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        let new = step(
+            run,
+            0,
+            "jira.create",
+            ToolClass::Compensatable,
+            StepStatus::Intended,
+        );
+        let token = if i % 2 == 1 {
+            "hash-other"
+        } else {
+            "hash-live"
+        };
+        let store = store.clone();
+        claims.push(tokio::spawn(async move {
+            let bearer = Bearer {
+                agent: "support-bot",
+                token_to_check: Some(token),
+            };
+            store.claim_and_record_step(bearer, new, &agent()).await
+        }));
+    }
+    while pg.commit_groups().sent < before.sent + runs.len() as u64 {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    let mut results = Vec::new();
+    for claim in claims {
+        results.push(claim.await.unwrap().unwrap());
+    }
+    let after = pg.commit_groups();
+    assert_eq!(
+        after.groups - before.groups,
+        statements_for_held_writes(),
+        "the writes did not wait as a group: {before:?} → {after:?}"
+    );
+    for (i, (result, run)) in results.into_iter().zip(&runs).enumerate() {
+        let next_step = store.run(run.id).await.unwrap().unwrap().next_step;
+        let logged = store.steps(run.id).await.unwrap().len();
+        if i % 2 == 1 {
+            assert!(result.is_none(), "run {i}: another agent's token landed");
+            assert_eq!((next_step, logged), (0, 0), "run {i}");
+            assert_eq!(lease_owner(&db.url, run.id).await, None, "run {i}");
+        } else {
+            let (_claim, step) = result.expect("a live token on a ready run");
+            assert_eq!((step.run_id, step.step_idx), (run.id, 0));
+            assert_eq!((next_step, logged), (1, 1), "run {i}");
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use crate::auth::token_hash;
 use crate::saga::engine::{CallOutcome, Refusal};
-use crate::saga::model::{Actor, Approval, NewRun, Run, Step};
+use crate::saga::model::{Actor, Approval, Bearer, NewRun, Run, Step};
 use crate::saga::pivot::PlannedCall;
 use crate::saga::store::StoreError;
 use crate::state::AppState;
@@ -180,6 +180,7 @@ impl From<Refusal> for ApiError {
     fn from(refusal: Refusal) -> Self {
         let status = match &refusal {
             Refusal::RunNotFound => StatusCode::NOT_FOUND,
+            Refusal::TokenNotValid => StatusCode::UNAUTHORIZED,
             Refusal::UnknownTool(_)
             | Refusal::StepRequired { .. }
             | Refusal::InvalidPlan(_)
@@ -346,7 +347,38 @@ fn has_nul(value: &Value) -> bool {
     }
 }
 
-/// The agent behind the request's bearer token.
+fn unauthorized(message: &str) -> ApiError {
+    ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+}
+
+/// The hash of the request's bearer token.
+fn bearer_hash(parts: &Parts) -> Result<String, ApiError> {
+    let header = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .ok_or_else(|| unauthorized("send the agent's token as `Authorization: Bearer <token>`"))?;
+    let token = header
+        .to_str()
+        .ok()
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
+    Ok(token_hash(token))
+}
+
+/// The agent of a token, looked up now (and remembered as seen valid).
+async fn look_up_agent(state: &AppState, hash: String) -> Result<String, ApiError> {
+    match state.store.agent_for_token(&hash).await? {
+        Some(agent) => {
+            state.known_tokens.remember(hash, agent.clone());
+            Ok(agent)
+        }
+        None => Err(unauthorized(crate::auth::TOKEN_NOT_VALID)),
+    }
+}
+
+/// The agent behind the request's bearer token, looked up.
 pub struct Agent(pub String);
 
 impl FromRequestParts<AppState> for Agent {
@@ -356,24 +388,38 @@ impl FromRequestParts<AppState> for Agent {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let unauthorized =
-            |message: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message);
-        let header = parts.headers.get(header::AUTHORIZATION).ok_or_else(|| {
-            unauthorized("send the agent's token as `Authorization: Bearer <token>`")
-        })?;
-        let token = header
-            .to_str()
-            .ok()
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
-        match state.store.agent_for_token(&token_hash(token)).await? {
-            Some(agent) => Ok(Agent(agent)),
-            None => Err(unauthorized(
-                "this token is not valid; issue one with `saga-harness token create`",
-            )),
-        }
+        look_up_agent(state, bearer_hash(parts)?).await.map(Agent)
+    }
+}
+
+/// The agent behind a tool call's bearer token. A token this instance has
+/// found valid before is not looked up again here: its hash goes with the
+/// call, whose intent checks it in the same statement (or which looks it
+/// up off the hot path), so the call costs no extra round trip and a
+/// revocation still refuses the next call.
+struct CallingAgent {
+    agent: String,
+    token_to_check: Option<String>,
+}
+
+impl FromRequestParts<AppState> for CallingAgent {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let hash = bearer_hash(parts)?;
+        Ok(match state.known_tokens.agent(&hash) {
+            Some(agent) => CallingAgent {
+                agent,
+                token_to_check: Some(hash),
+            },
+            None => CallingAgent {
+                agent: look_up_agent(state, hash).await?,
+                token_to_check: None,
+            },
+        })
     }
 }
 
@@ -541,7 +587,7 @@ struct CallRequest {
         (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn call(
     State(state): State<AppState>,
-    Agent(agent): Agent,
+    caller: CallingAgent,
     RunPath(raw): RunPath,
     Body(body): Body<CallRequest>,
 ) -> Result<Json<CallOutcome>, ApiError> {
@@ -552,10 +598,14 @@ async fn call(
             "step cannot be negative",
         ));
     }
+    let bearer = Bearer {
+        agent: &caller.agent,
+        token_to_check: caller.token_to_check.as_deref(),
+    };
     let outcome = state
         .engine
-        .call_with(
-            &agent,
+        .call_from(
+            bearer,
             run_id(&raw)?,
             &body.tool,
             body.args,

@@ -136,6 +136,7 @@ impl Dashboard {
             registry,
             engine,
             sign_ins: Arc::new(crate::auth::SignInThrottle::standard()),
+            known_tokens: Default::default(),
             trusted_proxies: Arc::new(Vec::new()),
             opened,
             metrics: Default::default(),

@@ -248,7 +248,7 @@ impl EnginePath {
             let started = Instant::now();
             let (mut claim, _) = self
                 .store
-                .claim_and_record_step(AGENT, looked_up_step(run, step), &actor)
+                .claim_and_record_step(AGENT.into(), looked_up_step(run, step), &actor)
                 .await?
                 .ok_or_else(|| anyhow::anyhow!("step {step}: the run was not ready"))?;
             intent.push(ms(started));

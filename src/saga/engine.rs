@@ -110,6 +110,10 @@ struct How<'a> {
     /// Whether the client still waits for the answer (see
     /// [`Engine::call_choosing_step`]).
     listening: &'a (dyn Fn() -> bool + Sync),
+    /// The hash of the request's bearer token when it has not been looked
+    /// up for this call: the hot path's intent checks it, and any other
+    /// path looks it up first.
+    token_to_check: Option<&'a str>,
 }
 
 /// Which step a call goes to.
@@ -211,6 +215,10 @@ pub enum Refusal {
          and answer what it asks now"
     )]
     QuestionAskedAgain { step: i64 },
+    /// The request's bearer token, checked off the hot path, is no longer
+    /// the agent's (revoked since it was last looked up).
+    #[error("{}", crate::auth::TOKEN_NOT_VALID)]
+    TokenNotValid,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -234,6 +242,7 @@ impl Refusal {
             Refusal::InvalidArgs { .. } => "invalid_args",
             Refusal::RunHasOpenEffects(_) => "run_has_open_effects",
             Refusal::QuestionAskedAgain { .. } => "question_asked_again",
+            Refusal::TokenNotValid => "unauthorized",
             Refusal::Store(_) => "internal",
         }
     }
@@ -553,8 +562,26 @@ impl Engine {
         step: Option<i64>,
         new_effect: bool,
     ) -> Result<CallOutcome, Refusal> {
+        self.call_from(agent.into(), run_id, tool, args, step, new_effect)
+            .await
+    }
+
+    /// `call_with` from a request whose bearer token may still be to check
+    /// (`Bearer::token_to_check`): the step's intent checks it in its own
+    /// statement, so a call on the hot path costs no lookup of the token,
+    /// and a token revoked meanwhile writes nothing; any other path looks
+    /// the token up before it reads the run.
+    pub async fn call_from(
+        &self,
+        bearer: Bearer<'_>,
+        run_id: Uuid,
+        tool: &str,
+        args: Value,
+        step: Option<i64>,
+        new_effect: bool,
+    ) -> Result<CallOutcome, Refusal> {
         self.call_at(
-            agent,
+            bearer.agent,
             run_id,
             tool,
             args,
@@ -563,6 +590,7 @@ impl Engine {
                 new_effect,
                 // A client that names its steps re-sends by number.
                 listening: &|| true,
+                token_to_check: bearer.token_to_check,
             },
         )
         .await
@@ -595,6 +623,7 @@ impl Engine {
                 choice: StepChoice::OldestOwedOrNew,
                 new_effect: false,
                 listening,
+                token_to_check: None,
             },
         )
         .await
@@ -652,9 +681,11 @@ impl Engine {
             choice,
             new_effect,
             listening,
+            token_to_check,
         } = how;
         // Another agent's run: refused before its lock is touched.
         if self.locks().owned_by_another(run_id, agent) {
+            self.check_token(agent, token_to_check).await?;
             return Err(Refusal::RunNotFound);
         }
         let local = self.run_lock(run_id).lock_owned().await;
@@ -667,8 +698,12 @@ impl Engine {
         };
         let intent_failpoint_met = match at_once {
             Some(step) => {
+                let bearer = Bearer {
+                    agent,
+                    token_to_check,
+                };
                 match self
-                    .new_step_at_once(agent, run_id, tool, step, &args, listening)
+                    .new_step_at_once(bearer, run_id, tool, step, &args, listening)
                     .await?
                 {
                     AtOnce::Answered(answer) => return Ok(answer),
@@ -677,6 +712,7 @@ impl Engine {
             }
             None => false,
         };
+        self.check_token(agent, token_to_check).await?;
         let claimed = self.store.claim_and_read(run_id).await?;
         let _serialised = RunGuard {
             _claim: claimed.claim,
@@ -875,7 +911,7 @@ impl Engine {
     /// this leaves untouched when it returns `NotReady`.
     async fn new_step_at_once(
         &self,
-        agent: &str,
+        bearer: Bearer<'_>,
         run_id: Uuid,
         tool: &str,
         step: i64,
@@ -909,15 +945,17 @@ impl Engine {
             audience: spec.audience_for(args),
             phase: Phase::BeforePivot,
         };
-        let actor = Actor::Agent(agent.to_owned());
+        let actor = Actor::Agent(bearer.agent.to_owned());
         crate::failpoint::hit("dispatch.before_intent");
         // R2: the row is committed before anything is sent.
-        let Some((mut claim, logged)) =
-            self.store.claim_and_record_step(agent, new, &actor).await?
+        let Some((mut claim, logged)) = self
+            .store
+            .claim_and_record_step(bearer, new, &actor)
+            .await?
         else {
             return not_ready(true);
         };
-        self.locks().remember_owner(run_id, agent);
+        self.locks().remember_owner(run_id, bearer.agent);
         tracing::Span::current().record("step", step);
         tracing::Span::current().record("key", key.as_str());
         // Whether the agent is still there is read once: the outcome's
@@ -930,6 +968,18 @@ impl Engine {
         self.answer_agent(&settled, step + 1, std::iter::empty(), &listening)
             .await
             .map(AtOnce::Answered)
+    }
+
+    /// A bearer token not looked up for this request, looked up now: the
+    /// call goes on only while the token is still `agent`'s.
+    async fn check_token(&self, agent: &str, token: Option<&str>) -> Result<(), Refusal> {
+        let Some(hash) = token else {
+            return Ok(());
+        };
+        match self.store.agent_for_token(hash).await? {
+            Some(owner) if owner == agent => Ok(()),
+            _ => Err(Refusal::TokenNotValid),
+        }
     }
 
     /// The answer to the agent about a step, recording whether the step is

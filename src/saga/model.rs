@@ -22,6 +22,28 @@ pub enum Actor {
     System,
 }
 
+/// The agent a call comes from, as the store's hot path checks it: its
+/// name, and the hash of the bearer token the request came with when that
+/// token has not been looked up for this request. The step's intent then
+/// lands only if, when it commits, the token is still issued to this agent
+/// and not revoked: a revocation takes effect at the next call without a
+/// lookup of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bearer<'a> {
+    pub agent: &'a str,
+    pub token_to_check: Option<&'a str>,
+}
+
+/// An agent whose token was already checked (or that has none to check).
+impl<'a> From<&'a str> for Bearer<'a> {
+    fn from(agent: &'a str) -> Self {
+        Bearer {
+            agent,
+            token_to_check: None,
+        }
+    }
+}
+
 impl Actor {
     /// Reads an actor as the log stores it (`user:lead`, `agent:bot`,
     /// `system`); anything else is taken as a person's name.

@@ -118,15 +118,16 @@ pub trait SagaStore: Send + Sync + 'static {
 
     /// The hot path of a new step: the run claimed and the step's intent
     /// written in one commit (on PostgreSQL one statement), when the run is
-    /// ready for it: RUNNING, `agent`'s, its next step `new.step_idx`, no
-    /// step unsettled and none owed to the agent, and (on PostgreSQL) no
-    /// live lease of another holder. `None` when it is not: then nothing
-    /// was claimed or written, and the caller takes the general path
-    /// (`claim_and_read`), which waits for the run and says what stands in
-    /// the way.
+    /// ready for it: RUNNING, the bearer's agent's, its next step
+    /// `new.step_idx`, no step unsettled and none owed to the agent, (on
+    /// PostgreSQL) no live lease of another holder, and the bearer's token
+    /// to check, if any, issued to that agent and not revoked. `None` when
+    /// it is not: then nothing was claimed or written, and the caller takes
+    /// the general path (`claim_and_read`), which waits for the run and
+    /// says what stands in the way.
     async fn claim_and_record_step(
         &self,
-        agent: &str,
+        bearer: Bearer<'_>,
         new: NewStep,
         actor: &Actor,
     ) -> StoreResult<Option<(Box<dyn RunClaim>, Step)>>;

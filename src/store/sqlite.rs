@@ -154,11 +154,14 @@ macro_rules! intent {
 
 /// The extra test of the hot path's intent (see `claim_and_record_step`):
 /// the run is the agent's (`$15`), RUNNING, and has no step unsettled or
-/// owed to the agent.
+/// owed to the agent, and the bearer's token to check (`$16`), if any, is
+/// the agent's and not revoked.
 macro_rules! ready_run {
     () => {
         concat!(
             " AND agent = $15 AND status = 'RUNNING'
+             AND ($16 IS NULL OR EXISTS (SELECT 1 FROM api_tokens
+                 WHERE token_hash = $16 AND agent = $15 AND revoked_at IS NULL))
              AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND status IN ",
             crate::store::sql::unsettled_sql!(),
             ")
@@ -307,7 +310,7 @@ impl Dialect for SqliteStore {
     /// one process owns the file.)
     async fn claim_and_record_step_here(
         &self,
-        agent: &str,
+        bearer: Bearer<'_>,
         new: NewStep,
         actor: &Actor,
     ) -> StoreResult<Option<(Box<dyn crate::saga::store::RunClaim>, Step)>> {
@@ -320,7 +323,8 @@ impl Dialect for SqliteStore {
                 .bind(i64::from(counts_as_irreversible(&new)))
                 .bind(actor.to_string())
                 .bind(step_event_detail(&new))
-                .bind(agent.to_owned()),
+                .bind(bearer.agent.to_owned())
+                .bind(bearer.token_to_check.map(str::to_owned)),
         )?;
         let rows = self
             .group

@@ -107,11 +107,11 @@ impl SagaStore for CrashingStore {
     }
     async fn claim_and_record_step(
         &self,
-        agent: &str,
+        bearer: Bearer<'_>,
         new: NewStep,
         actor: &Actor,
     ) -> StoreResult<Option<(Box<dyn saga_harness::saga::store::RunClaim>, Step)>> {
-        self.write(self.inner.claim_and_record_step(agent, new, actor))
+        self.write(self.inner.claim_and_record_step(bearer, new, actor))
             .await
     }
     async fn settle_step_and_release(

@@ -4,7 +4,8 @@ WITH intent AS (
     SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(run_id text, step_idx int8, tool text,
         tool_class text, idempotency_key text, args text, status text, compensation text,
         audience text, phase text, at timestamptz, irreversible int8, actor text,
-        detail text, agent text, lease_owner text, lease_ms float8, handover text)
+        detail text, agent text, token text, lease_owner text, lease_ms float8,
+        handover text)
 ), advanced AS (
     UPDATE runs SET next_step = runs.next_step + 1,
         irreversible_before_pivot = runs.irreversible_before_pivot + intent.irreversible,
@@ -16,6 +17,9 @@ WITH intent AS (
         AND runs.agent = intent.agent AND runs.status = 'RUNNING'
         AND (runs.lease_owner IS NULL OR runs.lease_until < clock_timestamp()
             OR runs.lease_owner = intent.handover)
+        AND (intent.token IS NULL OR EXISTS (SELECT 1 FROM api_tokens
+            WHERE api_tokens.token_hash = intent.token AND api_tokens.agent = intent.agent
+                AND api_tokens.revoked_at IS NULL))
         AND NOT EXISTS (SELECT 1 FROM saga_log
             WHERE saga_log.run_id = intent.run_id AND saga_log.status IN ('INTENDED', 'UNKNOWN', 'AWAITING_APPROVAL'))
         AND NOT EXISTS (SELECT 1 FROM saga_log

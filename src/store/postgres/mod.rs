@@ -713,7 +713,7 @@ impl Dialect for PostgresStore {
     /// general path finds the step logged.
     async fn claim_and_record_step_here(
         &self,
-        agent: &str,
+        bearer: Bearer<'_>,
         new: NewStep,
         actor: &Actor,
     ) -> StoreResult<Option<(Box<dyn crate::saga::store::RunClaim>, Step)>> {
@@ -731,7 +731,8 @@ impl Dialect for PostgresStore {
         let intent = Intent {
             handover: self.handover(run_id),
             new,
-            agent: agent.to_owned(),
+            agent: bearer.agent.to_owned(),
+            token: bearer.token_to_check.map(str::to_owned),
             actor: actor.to_string(),
             lease_owner: token.clone(),
             lease_ms: self.settings.run_lease_ms as i64,

@@ -55,7 +55,8 @@ pub const GROUPS_IN_FLIGHT: usize = 2;
 ///
 /// Each advances and leases its run only if the run is ready (running,
 /// this agent's, at this index, no unsettled or owed step, no live lease
-/// of another holder), then writes the step and its audit line. The
+/// of another holder, the bearer's token to check still the agent's and
+/// not revoked), then writes the step and its audit line. The
 /// readiness test reads the statement's snapshot: a step settled by a
 /// holder this statement waited for looks unsettled, which only sends the
 /// caller down the general path.
@@ -77,7 +78,8 @@ const OUTCOMES: &str = include_str!("outcomes.sql");
 /// One intent alone, the same conditions and writes as `INTENTS` with the
 /// values bound: `$1`–`$11` by `bind_new_step`, then the irreversible
 /// count, the actor, the audit detail, the lease's owner and length, the
-/// agent and this store's own earlier lease of the run.
+/// agent, this store's own earlier lease of the run and the bearer's token
+/// to check.
 const INTENT_ONE: &str = concat!(
     "WITH advanced AS (
         UPDATE runs SET next_step = next_step + 1,
@@ -87,6 +89,8 @@ const INTENT_ONE: &str = concat!(
         WHERE id = $1 AND next_step = $2 AND agent = $17 AND status = 'RUNNING'
             AND (lease_owner IS NULL OR lease_until < clock_timestamp()
                 OR lease_owner = $18)
+            AND ($19::text IS NULL OR EXISTS (SELECT 1 FROM api_tokens
+                WHERE token_hash = $19 AND agent = $17 AND revoked_at IS NULL))
             AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND status IN ",
     unsettled_sql!(),
     ")
@@ -131,6 +135,9 @@ const OUTCOME_ONE: &str = concat!(
 pub(super) struct Intent {
     pub new: NewStep,
     pub agent: String,
+    /// The hash of a bearer token that must still be the agent's and not
+    /// revoked when the intent commits.
+    pub token: Option<String>,
     pub actor: String,
     pub lease_owner: String,
     pub lease_ms: i64,
@@ -192,6 +199,7 @@ struct IntentRecord<'a> {
     actor: &'a str,
     detail: String,
     agent: &'a str,
+    token: Option<&'a str>,
     lease_owner: &'a str,
     lease_ms: i64,
     handover: Option<&'a str>,
@@ -216,6 +224,7 @@ impl<'a> IntentRecord<'a> {
             actor: &i.actor,
             detail: step_event_detail(new),
             agent: &i.agent,
+            token: i.token.as_deref(),
             lease_owner: &i.lease_owner,
             lease_ms: i.lease_ms,
             handover: i.handover.as_deref(),
@@ -539,6 +548,7 @@ fn intent_one(i: &Intent, now: DateTime<Utc>) -> Statement<'_> {
     .bind(i.lease_ms)
     .bind(i.agent.as_str())
     .bind(i.handover.as_deref())
+    .bind(i.token.as_deref())
 }
 
 fn outcome_one(o: &Settle, now: DateTime<Utc>) -> Statement<'_> {

@@ -182,7 +182,7 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     ) -> impl Future<Output = StoreResult<ClaimedRun>> + Send;
     fn claim_and_record_step_here(
         &self,
-        agent: &str,
+        bearer: Bearer<'_>,
         new: NewStep,
         actor: &Actor,
     ) -> impl Future<Output = StoreResult<Option<(Box<dyn RunClaim>, Step)>>> + Send;
@@ -314,11 +314,11 @@ where
 
     async fn claim_and_record_step(
         &self,
-        agent: &str,
+        bearer: Bearer<'_>,
         new: NewStep,
         actor: &Actor,
     ) -> StoreResult<Option<(Box<dyn crate::saga::store::RunClaim>, Step)>> {
-        self.claim_and_record_step_here(agent, new, actor).await
+        self.claim_and_record_step_here(bearer, new, actor).await
     }
 
     async fn settle_step_and_release(
