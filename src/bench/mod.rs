@@ -6,6 +6,7 @@
 //! (and both backends, and the peers), and only ratios taken within a
 //! round are compared with the targets. Nothing here asserts a time.
 
+mod cpu;
 mod dashboard;
 mod floor;
 mod http;

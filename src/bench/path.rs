@@ -206,6 +206,7 @@ impl EnginePath {
             for runs in [8usize, 64] {
                 let each = sizes.ops(runs).div_ceil(runs);
                 let ids = try_join_all((0..runs).map(|_| self.new_run())).await?;
+                let cpu = super::cpu::CpuMark::now();
                 let started = Instant::now();
                 let all = try_join_all(ids.into_iter().map(|run| {
                     let path = self.clone();
@@ -218,6 +219,23 @@ impl EnginePath {
                 }
                 let per_s = done as f64 / started.elapsed().as_secs_f64();
                 figures.record(&format!("{key}.c{runs}.per_s"), "/s", Better::Higher, per_s);
+                // Whether the figure was bound by the cores: the benchmark
+                // process (the harness and the tasks driving it) and the
+                // machine, in cores busy on average.
+                if let Some(used) = cpu.and_then(|mark| mark.since()) {
+                    figures.record(
+                        &format!("{key}.c{runs}.process_cores"),
+                        "cores",
+                        Better::Lower,
+                        used.process_cores,
+                    );
+                    figures.record(
+                        &format!("{key}.c{runs}.machine_busy_cores"),
+                        "cores",
+                        Better::Lower,
+                        used.machine_busy_cores,
+                    );
+                }
             }
         }
         self.store_parts(prefix, sizes, figures).await?;
