@@ -1176,14 +1176,7 @@ async fn a_claimed_run_comes_with_its_unsettled_steps(store: Store) {
 async fn a_new_step_lands_at_once_only_while_its_bearer_token_is_valid(store: Store) {
     let actor = agent();
     let run = new_run(&store, None).await;
-    store
-        .add_api_token("support-bot", "hash-live", None)
-        .await
-        .unwrap();
-    store
-        .add_api_token("another-bot", "hash-other", None)
-        .await
-        .unwrap();
+    issue_tokens(&store).await;
     let hot = |idx: i64, token: &'static str| {
         let store = store.clone();
         let new = step(
@@ -1226,17 +1219,7 @@ async fn a_new_step_lands_at_once_only_while_its_bearer_token_is_valid(store: St
     nothing_written(0).await;
 
     let (mut claim, logged) = hot(0, "hash-live").await.expect("a live token");
-    store
-        .settle_step_and_release(
-            run.id,
-            logged.step_idx,
-            Outcome::confirmed(StepStatus::Intended, "PROJ-1".into(), json!({})),
-            Durability::Lazy,
-            &actor,
-            claim.as_mut(),
-        )
-        .await
-        .unwrap();
+    confirm_releasing(&*store, run.id, logged.step_idx, "PROJ-1", claim.as_mut()).await;
     drop(claim);
     nothing_written(1).await;
 
@@ -1306,17 +1289,8 @@ async fn a_new_step_is_claimed_and_recorded_at_once_only_on_a_ready_run(store: S
     store.set_owed_to_agent(run.id, 0, false).await.unwrap();
 
     let (mut claim, logged) = hot(1, "support-bot").await.expect("ready again");
-    let settled = store
-        .settle_step_and_release(
-            run.id,
-            logged.step_idx,
-            Outcome::confirmed(StepStatus::Intended, "PROJ-2".into(), json!({})),
-            Durability::Lazy,
-            &actor,
-            claim.as_mut(),
-        )
-        .await
-        .unwrap();
+    let settled =
+        confirm_releasing(&*store, run.id, logged.step_idx, "PROJ-2", claim.as_mut()).await;
     assert_eq!(settled.status, StepStatus::Confirmed);
     assert_eq!(settled.external_ref.as_deref(), Some("PROJ-2"));
     drop(claim);
@@ -1760,17 +1734,7 @@ async fn postgres_the_hot_path_leases_with_the_intent_and_releases_with_the_outc
         b.try_claim_run(run.id).await.unwrap().is_none(),
         "another instance claimed a run whose step is out"
     );
-    let settled = a
-        .settle_step_and_release(
-            run.id,
-            logged.step_idx,
-            Outcome::confirmed(StepStatus::Intended, "PROJ-1".into(), json!({})),
-            Durability::Lazy,
-            &actor,
-            claim.as_mut(),
-        )
-        .await
-        .unwrap();
+    let settled = confirm_releasing(&*a, run.id, logged.step_idx, "PROJ-1", claim.as_mut()).await;
     assert_eq!(settled.status, StepStatus::Confirmed);
     assert_eq!(owner().await, None, "the outcome kept the lease");
     let taken = b
@@ -1802,16 +1766,7 @@ async fn postgres_the_hot_path_leases_with_the_intent_and_releases_with_the_outc
     .await
     .unwrap();
     pool.close().await;
-    a.settle_step_and_release(
-        run.id,
-        logged.step_idx,
-        Outcome::confirmed(StepStatus::Intended, "PROJ-2".into(), json!({})),
-        Durability::Lazy,
-        &actor,
-        late.as_mut(),
-    )
-    .await
-    .unwrap();
+    confirm_releasing(&*a, run.id, logged.step_idx, "PROJ-2", late.as_mut()).await;
     assert_eq!(
         owner().await.as_deref(),
         Some("other-instance/1"),
@@ -1873,35 +1828,16 @@ async fn step_writes_share_one_statement(
     for _ in 0..12 {
         runs.push(new_run(&store, None).await);
     }
-    let held = hold_the_pool(&pg).await;
-    let before = pg.commit_groups();
-    let mut claims = Vec::new();
-    for run in &runs {
-        let new = step(
-            run,
-            0,
-            "jira.create",
-            ToolClass::Compensatable,
-            StepStatus::Intended,
-        );
-        let store = store.clone();
-        claims.push(tokio::spawn(async move {
-            store
-                .claim_and_record_step("support-bot".into(), new, &agent())
-                .await
-        }));
-    }
-    while pg.commit_groups().sent < before.sent + runs.len() as u64 {
-        tokio::task::yield_now().await;
-    }
-    drop(held);
+    let intents = runs
+        .iter()
+        .map(|run| (first_step(run), "support-bot".into()));
+    let (results, before, after) = intents_held_then_let_go(&pg, intents.collect()).await;
     let mut claimed = Vec::new();
-    for claim in claims {
-        let (claim, step) = claim.await.unwrap().unwrap().expect("a ready run");
+    for result in results {
+        let (claim, step) = result.unwrap().expect("a ready run");
         assert_eq!(step.status, StepStatus::Intended);
         claimed.push((claim, step));
     }
-    let after = pg.commit_groups();
     assert_eq!(
         after.groups - before.groups,
         statements_for_held_writes(),
@@ -2009,36 +1945,18 @@ async fn postgres_a_refused_step_write_in_a_group_refuses_only_itself() {
     for _ in 0..8 {
         runs.push(new_run(&store, None).await);
     }
-    let held = hold_the_pool(&pg).await;
-    let before = pg.commit_groups();
-    let mut claims = Vec::new();
-    for (i, run) in runs.iter().enumerate() {
-        let mut new = step(
-            run,
-            0,
-            "jira.create",
-            ToolClass::Compensatable,
-            StepStatus::Intended,
-        );
+    let intents = runs.iter().enumerate().map(|(i, run)| {
+        let mut new = first_step(run);
         if i == 3 {
             new.idempotency_key = taken.idempotency_key.clone();
         }
         if i == 5 {
             new.step_idx = 4;
         }
-        let store = store.clone();
-        claims.push(tokio::spawn(async move {
-            store
-                .claim_and_record_step("support-bot".into(), new, &agent())
-                .await
-        }));
-    }
-    while pg.commit_groups().sent < before.sent + runs.len() as u64 {
-        tokio::task::yield_now().await;
-    }
-    drop(held);
-    for (i, (claim, run)) in claims.into_iter().zip(&runs).enumerate() {
-        let result = claim.await.unwrap();
+        (new, "support-bot".into())
+    });
+    let (results, _, _) = intents_held_then_let_go(&pg, intents.collect()).await;
+    for (i, (result, run)) in results.into_iter().zip(&runs).enumerate() {
         let next_step = store.run(run.id).await.unwrap().unwrap().next_step;
         let step_lines = store
             .events(Some(run.id), 100)
@@ -2084,58 +2002,31 @@ async fn postgres_each_intent_of_a_group_checks_its_own_bearer_token() {
     };
     let pg = open_postgres(&db, Default::default()).await;
     let store: Store = pg.clone();
-    store
-        .add_api_token("support-bot", "hash-live", None)
-        .await
-        .unwrap();
-    store
-        .add_api_token("another-bot", "hash-other", None)
-        .await
-        .unwrap();
+    issue_tokens(&store).await;
     let mut runs = Vec::new();
     for _ in 0..8 {
         runs.push(new_run(&store, None).await);
     }
-    let held = hold_the_pool(&pg).await;
-    let before = pg.commit_groups();
-    let mut claims = Vec::new();
-    for (i, run) in runs.iter().enumerate() {
-        let new = step(
-            run,
-            0,
-            "jira.create",
-            ToolClass::Compensatable,
-            StepStatus::Intended,
-        );
+    let intents = runs.iter().enumerate().map(|(i, run)| {
         let token = if i % 2 == 1 {
             "hash-other"
         } else {
             "hash-live"
         };
-        let store = store.clone();
-        claims.push(tokio::spawn(async move {
-            let bearer = Bearer {
-                agent: "support-bot",
-                token_to_check: Some(token),
-            };
-            store.claim_and_record_step(bearer, new, &agent()).await
-        }));
-    }
-    while pg.commit_groups().sent < before.sent + runs.len() as u64 {
-        tokio::task::yield_now().await;
-    }
-    drop(held);
-    let mut results = Vec::new();
-    for claim in claims {
-        results.push(claim.await.unwrap().unwrap());
-    }
-    let after = pg.commit_groups();
+        let bearer = Bearer {
+            agent: "support-bot",
+            token_to_check: Some(token),
+        };
+        (first_step(run), bearer)
+    });
+    let (results, before, after) = intents_held_then_let_go(&pg, intents.collect()).await;
     assert_eq!(
         after.groups - before.groups,
         statements_for_held_writes(),
         "the writes did not wait as a group: {before:?} → {after:?}"
     );
     for (i, (result, run)) in results.into_iter().zip(&runs).enumerate() {
+        let result = result.unwrap();
         let next_step = store.run(run.id).await.unwrap().unwrap().next_step;
         let logged = store.steps(run.id).await.unwrap().len();
         if i % 2 == 1 {
@@ -2148,6 +2039,82 @@ async fn postgres_each_intent_of_a_group_checks_its_own_bearer_token() {
             assert_eq!((next_step, logged), (1, 1), "run {i}");
         }
     }
+}
+
+/// Confirms a step written on the hot path (lazily, as a looked-up tool's
+/// outcome is) and gives its claim back in the same write.
+async fn confirm_releasing(
+    store: &dyn SagaStore,
+    run_id: Uuid,
+    step_idx: i64,
+    reference: &str,
+    claim: &mut dyn saga_harness::saga::store::RunClaim,
+) -> Step {
+    store
+        .settle_step_and_release(
+            run_id,
+            step_idx,
+            Outcome::confirmed(StepStatus::Intended, reference.into(), json!({})),
+            Durability::Lazy,
+            &agent(),
+            claim,
+        )
+        .await
+        .unwrap()
+}
+
+/// Tokens whose hashes are `hash-live` (support-bot's, the runs' agent)
+/// and `hash-other` (another agent's).
+async fn issue_tokens(store: &Store) {
+    for (agent, hash) in [("support-bot", "hash-live"), ("another-bot", "hash-other")] {
+        store.add_api_token(agent, hash, None).await.unwrap();
+    }
+}
+
+/// A run's step 0 of a compensatable tool, as the hot path writes it.
+fn first_step(run: &Run) -> NewStep {
+    step(
+        run,
+        0,
+        "jira.create",
+        ToolClass::Compensatable,
+        StepStatus::Intended,
+    )
+}
+
+type HotPathResult =
+    Result<Option<(Box<dyn saga_harness::saga::store::RunClaim>, Step)>, StoreError>;
+type Counts = saga_harness::store::group_commit::GroupCounts;
+
+/// The hot path's intents, each from its bearer, sent at once while every
+/// connection of the pool is held, so that they wait and go together once
+/// it is let go: each caller's result in order, and the step writer's
+/// counts before and after.
+async fn intents_held_then_let_go(
+    pg: &Arc<saga_harness::store::postgres::PostgresStore>,
+    intents: Vec<(NewStep, Bearer<'static>)>,
+) -> (Vec<HotPathResult>, Counts, Counts) {
+    let store: Store = pg.clone();
+    let held = hold_the_pool(pg).await;
+    let before = pg.commit_groups();
+    let sent = intents.len() as u64;
+    let claims: Vec<_> = intents
+        .into_iter()
+        .map(|(new, bearer)| {
+            let store = store.clone();
+            tokio::spawn(async move { store.claim_and_record_step(bearer, new, &agent()).await })
+        })
+        .collect();
+    while pg.commit_groups().sent < before.sent + sent {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    let mut results = Vec::new();
+    for claim in claims {
+        results.push(claim.await.unwrap());
+    }
+    let after = pg.commit_groups();
+    (results, before, after)
 }
 
 /// Every connection of the store's pool, held until dropped: step writes
