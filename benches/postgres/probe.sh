@@ -27,7 +27,8 @@ scripts="$(mktemp -d)"
 trap 'psql "$admin" -qc "DROP DATABASE IF EXISTS saga_probe"; rm -r "$scripts"' EXIT
 "$bin" migrate --database-url "$probe" >/dev/null
 psql "$probe" -qc "INSERT INTO runs (id, agent, status, created_at, updated_at)
-  SELECT 'r' || g, 'a', 'RUNNING', now(), now() FROM generate_series(0, 511) g"
+  SELECT 'r' || g, 'a', 'RUNNING', now(), now() FROM generate_series(0, 511) g" \
+  -c "INSERT INTO api_tokens (agent, token_hash, created_at) VALUES ('a', 'probe-token', now())"
 
 # A pgbench script of one step for each run RUNS names (an SQL list), as
 # the store's two group statements, their records built from the runs'
@@ -44,7 +45,7 @@ intent = f"""(SELECT jsonb_agg(jsonb_build_object('run_id', id, 'step_idx', next
   'idempotency_key', id || '/' || next_step || '/noop_looked_up/xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
   'args', '{{"n": 1}}', 'status', 'INTENDED', 'compensation', '{{"tool": "noop_undo", "args": {{"of": "k"}}}}',
   'audience', 'internal', 'phase', 'before_pivot', 'at', now(), 'irreversible', 0,
-  'actor', 'agent:' || 'a', 'detail', 'noop_looked_up', 'agent', 'a', 'lease_owner', 'me',
+  'actor', 'agent:' || 'a', 'detail', 'noop_looked_up', 'agent', 'a', 'token', 'probe-token', 'lease_owner', 'me',
   'lease_ms', 15000, 'handover', NULL)) FROM runs WHERE id IN ({runs}))"""
 outcome = f"""(SELECT jsonb_agg(jsonb_build_object('run_id', id, 'step_idx', next_step - 1,
   'from_status', 'INTENDED', 'to_status', 'CONFIRMED', 'external_ref', 'x',
