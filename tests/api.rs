@@ -268,6 +268,17 @@ async fn a_revoked_token_is_refused_at_its_next_call(api: Api) {
             format!("/runs/{theirs}/calls"),
             call(0),
         ),
+        ("a negative step", calls.clone(), call(-1)),
+        (
+            "an unknown field",
+            calls.clone(),
+            json!({"tool": "create_ticket", "stepp": 2}),
+        ),
+        (
+            "a run id that is not one",
+            "/runs/not-a-run/calls".to_owned(),
+            call(2),
+        ),
     ];
     for (what, path, body) in refused {
         let (status, answer) = api.post(&path, body).await;

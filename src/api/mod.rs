@@ -402,6 +402,22 @@ struct CallingAgent {
     token_to_check: Option<String>,
 }
 
+impl CallingAgent {
+    /// What a request that cannot be read is told: `refused`, unless its
+    /// token, not looked up yet, is no longer valid, which is said first,
+    /// as to any request with that token.
+    async fn refuse(&self, state: &AppState, refused: ApiError) -> ApiError {
+        let Some(hash) = &self.token_to_check else {
+            return refused;
+        };
+        match state.store.agent_for_token(hash).await {
+            Ok(Some(agent)) if agent == self.agent => refused,
+            Ok(_) => unauthorized(crate::auth::TOKEN_NOT_VALID),
+            Err(err) => err.into(),
+        }
+    }
+}
+
 impl FromRequestParts<AppState> for CallingAgent {
     type Rejection = ApiError;
 
@@ -588,16 +604,24 @@ struct CallRequest {
 async fn call(
     State(state): State<AppState>,
     caller: CallingAgent,
-    RunPath(raw): RunPath,
-    Body(body): Body<CallRequest>,
+    raw: Result<RunPath, ApiError>,
+    body: Result<Body<CallRequest>, ApiError>,
 ) -> Result<Json<CallOutcome>, ApiError> {
-    if body.step.is_some_and(|s| s < 0) {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_body",
-            "step cannot be negative",
-        ));
-    }
+    let read = || {
+        let (RunPath(raw), Body(body)) = (raw?, body?);
+        if body.step.is_some_and(|s| s < 0) {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_body",
+                "step cannot be negative",
+            ));
+        }
+        Ok((run_id(&raw)?, body))
+    };
+    let (run, body) = match read() {
+        Ok(read) => read,
+        Err(refused) => return Err(caller.refuse(&state, refused).await),
+    };
     let bearer = Bearer {
         agent: &caller.agent,
         token_to_check: caller.token_to_check.as_deref(),
@@ -606,7 +630,7 @@ async fn call(
         .engine
         .call_from(
             bearer,
-            run_id(&raw)?,
+            run,
             &body.tool,
             body.args,
             body.step,
