@@ -407,13 +407,10 @@ impl CallingAgent {
     /// token, not looked up yet, is no longer valid, which is said first,
     /// as to any request with that token.
     async fn refuse(&self, state: &AppState, refused: ApiError) -> ApiError {
-        let Some(hash) = &self.token_to_check else {
-            return refused;
-        };
-        match state.store.agent_for_token(hash).await {
-            Ok(Some(agent)) if agent == self.agent => refused,
-            Ok(_) => unauthorized(crate::auth::TOKEN_NOT_VALID),
-            Err(err) => err.into(),
+        let token = self.token_to_check.as_deref();
+        match state.engine.check_token(&self.agent, token).await {
+            Ok(()) => refused,
+            Err(not_valid) => not_valid.into(),
         }
     }
 }

@@ -972,7 +972,11 @@ impl Engine {
 
     /// A bearer token not looked up for this request, looked up now: the
     /// call goes on only while the token is still `agent`'s.
-    async fn check_token(&self, agent: &str, token: Option<&str>) -> Result<(), Refusal> {
+    pub(crate) async fn check_token(
+        &self,
+        agent: &str,
+        token: Option<&str>,
+    ) -> Result<(), Refusal> {
         let Some(hash) = token else {
             return Ok(());
         };
