@@ -215,20 +215,26 @@ pub const MAX_PASSWORD_BYTES: usize = 256;
 /// Slows guessing without letting anyone lock anyone else out, and bounds
 /// what sign-ins can cost the server.
 ///
-/// - Each (account, address) pair has `free` attempts; after that, each
+/// - A client is an IPv4 address or an IPv6 /64 (one subscriber's
+///   network: an IPv6 client can change the rest of its address at will).
+/// - Each client may try `address_burst` times at once, then one every six
+///   seconds, whatever the account (credential stuffing). This cheap check
+///   comes first, and a request it refuses is not stored anywhere, so a
+///   flood from one client costs it its own allowance and nothing more.
+/// - Each (account, client) pair has `free` attempts; after that, each
 ///   further failure doubles the wait before the next attempt (`first_wait`,
 ///   then twice that, up to `longest_wait`). The same account from another
-///   address (its owner) and other accounts from this address are
+///   client (its owner) and other accounts from this client are
 ///   unaffected. A success clears the pair.
 /// - An attempt counts when it is checked, before the password is, and
 ///   stays counted as a failure unless it succeeds, so a burst of
 ///   concurrent guesses cannot all pass the check.
-/// - Each address may also try `address_burst` times at once, then one
-///   every six seconds, whatever the account (credential stuffing); this
-///   one is a plain rate limit (`governor`).
-/// - Keys are SHA-256 digests (fixed size, whatever the name); pairs are
-///   forgotten once their longest wait is over, and the map never holds
-///   more than `MAX_PAIRS`, so memory is bounded by recent attempts.
+/// - Memory is bounded twice, and neither bound shuts out anyone else: a
+///   client keeps at most `MAX_ACCOUNTS_PER_CLIENT` pairs whose wait is not
+///   over (past that, only that client's new pairs wait), and at most
+///   `MAX_CLIENTS` clients are remembered (past that, the one that tried
+///   least recently is forgotten to make room). Account names are kept as
+///   SHA-256 digests, fixed in size whatever the name.
 /// - At most `verifiers` password checks run at once (Argon2 takes about
 ///   19 MiB and a core's worth of time each); an attempt that finds them
 ///   all busy is told to retry and is not counted.
@@ -237,17 +243,52 @@ pub struct SignInThrottle {
     first_wait: std::time::Duration,
     longest_wait: std::time::Duration,
     pairs: std::sync::Arc<std::sync::Mutex<Pairs>>,
-    addresses: governor::DefaultKeyedRateLimiter<[u8; 32]>,
+    clients: governor::DefaultKeyedRateLimiter<Client>,
     verifiers: std::sync::Arc<tokio::sync::Semaphore>,
     clock: governor::clock::DefaultClock,
 }
 
-/// The most (account, address) pairs remembered at once.
-const MAX_PAIRS: usize = 100_000;
+/// The most clients whose sign-in attempts are remembered at once.
+pub const MAX_CLIENTS: usize = 20_000;
+/// The most accounts one client may be waiting on at once.
+pub const MAX_ACCOUNTS_PER_CLIENT: usize = 64;
 
-#[derive(Default)]
+/// Who is signing in, as far as throttling can tell: an IPv4 address, the
+/// /64 network of an IPv6 address, or nobody known (no peer address).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Client {
+    V4([u8; 4]),
+    V6Network([u8; 8]),
+    Unknown,
+}
+
+impl Client {
+    pub fn of(address: Option<std::net::IpAddr>) -> Client {
+        match address.map(|ip| ip.to_canonical()) {
+            Some(std::net::IpAddr::V4(v4)) => Client::V4(v4.octets()),
+            Some(std::net::IpAddr::V6(v6)) => {
+                let mut network = [0; 8];
+                network.copy_from_slice(&v6.octets()[..8]);
+                Client::V6Network(network)
+            }
+            None => Client::Unknown,
+        }
+    }
+}
+
+/// Failures per account, per client; both levels in least-recently-tried
+/// order, so the oldest is always the one to forget.
 struct Pairs {
-    counts: std::collections::HashMap<[u8; 32], PairCount>,
+    clients: lru::LruCache<Client, lru::LruCache<[u8; 32], PairCount>>,
+}
+
+impl Default for Pairs {
+    fn default() -> Self {
+        let cap = std::num::NonZeroUsize::new(MAX_CLIENTS).unwrap_or(std::num::NonZeroUsize::MIN);
+        Pairs {
+            clients: lru::LruCache::new(cap),
+        }
+    }
 }
 
 struct PairCount {
@@ -268,7 +309,8 @@ pub enum NotNow {
 /// One counted attempt, holding a password checker until [`Attempt::checked`].
 /// Dropped without [`Attempt::succeeded`], it stays counted as a failure.
 pub struct Attempt {
-    pair: [u8; 32],
+    client: Client,
+    account: [u8; 32],
     pairs: std::sync::Arc<std::sync::Mutex<Pairs>>,
     checker: Option<tokio::sync::OwnedSemaphorePermit>,
 }
@@ -282,7 +324,10 @@ impl Attempt {
 
     /// The password was right: the pair starts afresh.
     pub fn succeeded(self) {
-        lock(&self.pairs).counts.remove(&self.pair);
+        let mut pairs = lock(&self.pairs);
+        if let Some(accounts) = pairs.clients.peek_mut(&self.client) {
+            accounts.pop(&self.account);
+        }
     }
 }
 
@@ -292,8 +337,8 @@ fn lock(pairs: &std::sync::Mutex<Pairs>) -> std::sync::MutexGuard<'_, Pairs> {
 }
 
 impl SignInThrottle {
-    /// Five attempts per account and address, then waits of 1, 2, 4 …
-    /// minutes up to fifteen; sixty per address at once, then one every six
+    /// Five attempts per account and client, then waits of 1, 2, 4 …
+    /// minutes up to fifteen; sixty per client at once, then one every six
     /// seconds; as many password checks at once as the machine has cores.
     pub fn standard() -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -316,7 +361,7 @@ impl SignInThrottle {
         use governor::{Quota, RateLimiter};
         use std::num::NonZeroU32;
         let burst = NonZeroU32::new(address_burst.max(1)).unwrap_or(NonZeroU32::MIN);
-        let address_quota = Quota::with_period(std::time::Duration::from_secs(6))
+        let client_quota = Quota::with_period(std::time::Duration::from_secs(6))
             .unwrap_or_else(|| Quota::per_minute(NonZeroU32::MIN))
             .allow_burst(burst);
         SignInThrottle {
@@ -324,7 +369,7 @@ impl SignInThrottle {
             first_wait,
             longest_wait: longest_wait.max(first_wait),
             pairs: Default::default(),
-            addresses: RateLimiter::keyed(address_quota),
+            clients: RateLimiter::keyed(client_quota),
             verifiers: std::sync::Arc::new(tokio::sync::Semaphore::new(verifiers.max(1))),
             clock: governor::clock::DefaultClock::default(),
         }
@@ -345,42 +390,47 @@ impl SignInThrottle {
             .clone()
             .try_acquire_owned()
             .map_err(|_| NotNow::Busy)?;
-        let address = address.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
-        let pair = digest(&format!("{}\n{address}", account.to_lowercase()));
-        let now = std::time::Instant::now();
-        {
-            let mut pairs = lock(&self.pairs);
-            if pairs.counts.len() >= MAX_PAIRS {
-                let longest = self.longest_wait;
-                pairs
-                    .counts
-                    .retain(|_, count| now.duration_since(count.last) < longest);
-            }
-            if let Some(count) = pairs.counts.get(&pair) {
-                if let Some(wait) = self.wait_after(count.failures) {
-                    let waited = now.duration_since(count.last);
-                    if waited < wait {
-                        return Err(NotNow::Throttled(wait - waited));
-                    }
-                }
-            } else if pairs.counts.len() >= MAX_PAIRS {
-                // Full of recent attempts: new pairs wait for room.
-                return Err(NotNow::Throttled(self.first_wait));
-            }
-            let count = pairs.counts.entry(pair).or_insert(PairCount {
-                failures: 0,
-                last: now,
-            });
-            count.failures += 1;
-            count.last = now;
-        }
-        if let Err(not_until) = self.addresses.check_key(&digest(&address)) {
+        let client = Client::of(address);
+        // The client's own allowance next; refused here, nothing is kept.
+        if let Err(not_until) = self.clients.check_key(&client) {
             return Err(NotNow::Throttled(
                 not_until.wait_time_from(self.clock.now()),
             ));
         }
+        let account = digest(&account.to_lowercase());
+        let now = std::time::Instant::now();
+        let mut pairs = lock(&self.pairs);
+        let accounts = pairs
+            .clients
+            .get_or_insert_mut(client, lru::LruCache::unbounded);
+        if let Some(count) = accounts.get(&account) {
+            if let Some(wait) = self.wait_after(count.failures) {
+                let waited = now.duration_since(count.last);
+                if waited < wait {
+                    return Err(NotNow::Throttled(wait - waited));
+                }
+            }
+        } else if accounts.len() >= MAX_ACCOUNTS_PER_CLIENT {
+            // This client's oldest pair makes room once its wait is over;
+            // until then only this client's new pairs wait.
+            if let Some((_, oldest)) = accounts.peek_lru() {
+                let since = now.duration_since(oldest.last);
+                if since < self.longest_wait {
+                    return Err(NotNow::Throttled(self.longest_wait - since));
+                }
+            }
+            accounts.pop_lru();
+        }
+        let count = accounts.get_or_insert_mut(account, || PairCount {
+            failures: 0,
+            last: now,
+        });
+        count.failures += 1;
+        count.last = now;
+        drop(pairs);
         Ok(Attempt {
-            pair,
+            client,
+            account,
             pairs: self.pairs.clone(),
             checker: Some(checker),
         })
@@ -394,24 +444,41 @@ impl SignInThrottle {
         Some(doubled.min(self.longest_wait))
     }
 
-    /// Pairs and addresses tracked now (for tests and metrics).
+    /// Pairs and clients tracked now (for tests and metrics).
     pub fn tracked(&self) -> usize {
-        lock(&self.pairs).counts.len() + self.addresses.len()
+        let pairs: usize = lock(&self.pairs)
+            .clients
+            .iter()
+            .map(|(_, accounts)| accounts.len())
+            .sum();
+        pairs + self.clients.len()
     }
 
-    /// Forgets pairs whose longest wait is over and addresses whose
+    /// Forgets pairs whose longest wait is over and clients whose
     /// allowance has refilled; the server calls it now and then.
     pub fn forget_old(&self) {
         let now = std::time::Instant::now();
         let longest = self.longest_wait;
         let mut pairs = lock(&self.pairs);
-        pairs
-            .counts
-            .retain(|_, count| now.duration_since(count.last) < longest);
-        pairs.counts.shrink_to_fit();
+        let mut emptied = Vec::new();
+        for (client, accounts) in pairs.clients.iter_mut() {
+            // Least recently tried first, so the first recent one ends it.
+            while accounts
+                .peek_lru()
+                .is_some_and(|(_, count)| now.duration_since(count.last) >= longest)
+            {
+                accounts.pop_lru();
+            }
+            if accounts.is_empty() {
+                emptied.push(*client);
+            }
+        }
+        for client in emptied {
+            pairs.clients.pop(&client);
+        }
         drop(pairs);
-        self.addresses.retain_recent();
-        self.addresses.shrink_to_fit();
+        self.clients.retain_recent();
+        self.clients.shrink_to_fit();
     }
 }
 
@@ -421,7 +488,7 @@ fn digest(text: &str) -> [u8; 32] {
 
 #[cfg(test)]
 mod throttle_tests {
-    use super::{NotNow, SignInThrottle};
+    use super::{NotNow, SignInThrottle, MAX_ACCOUNTS_PER_CLIENT, MAX_CLIENTS};
     use std::net::IpAddr;
     use std::time::Duration;
 
@@ -550,12 +617,116 @@ mod throttle_tests {
         );
         let huge = "x".repeat(1 << 20);
         drop(throttle.attempt(&huge, ip("10.0.0.1")));
-        for n in 0..2000 {
-            drop(throttle.attempt(&format!("name{n}"), ip("10.0.0.1")));
+        for n in 0..2000u32 {
+            let [_, _, high, low] = n.to_be_bytes();
+            drop(throttle.attempt(&format!("name{n}"), ip(&format!("10.1.{high}.{low}"))));
         }
-        assert!(throttle.tracked() >= 2000);
+        assert!(pairs(&throttle) >= 2000);
         std::thread::sleep(Duration::from_millis(50));
         throttle.forget_old();
-        assert!(throttle.tracked() <= 1, "{} keys kept", throttle.tracked());
+        assert_eq!(pairs(&throttle), 0, "pairs kept past their wait");
+    }
+
+    /// (account, client) pairs remembered now.
+    fn pairs(throttle: &SignInThrottle) -> usize {
+        super::lock(&throttle.pairs)
+            .clients
+            .iter()
+            .map(|(_, accounts)| accounts.len())
+            .sum()
+    }
+
+    /// The review's flood: 100,000 sign-ins with made-up names from one
+    /// address in a burst. The right password from anywhere else still
+    /// gets its check, and the flood kept almost nothing.
+    #[test]
+    fn a_flood_of_made_up_names_from_one_address_locks_out_nobody_else() {
+        let throttle = SignInThrottle::standard();
+        let mut refused = 0;
+        for n in 0..100_000 {
+            if throttle
+                .attempt(&format!("nobody{n}"), ip("203.0.113.9"))
+                .is_err()
+            {
+                refused += 1;
+            }
+        }
+        assert!(refused > 99_000, "only {refused} of the flood were refused");
+        assert!(
+            throttle.tracked() <= MAX_ACCOUNTS_PER_CLIENT + 1,
+            "the flood left {} entries",
+            throttle.tracked()
+        );
+        let dana = throttle.attempt("dana", ip("198.51.100.4"));
+        assert!(dana.is_ok(), "dana from her own address: {:?}", dana.err());
+        let lee = throttle.attempt("lee", ip("2001:db8:1::7"));
+        assert!(lee.is_ok(), "lee over IPv6: {:?}", lee.err());
+    }
+
+    #[test]
+    fn when_every_client_slot_is_taken_the_least_recent_client_makes_room() {
+        let throttle = throttle();
+        for n in 0..(MAX_CLIENTS as u32 + 500) {
+            let [_, a, b, c] = n.to_be_bytes();
+            drop(throttle.attempt("dana", ip(&format!("10.{a}.{b}.{c}"))));
+        }
+        assert_eq!(pairs(&throttle), MAX_CLIENTS, "memory stays bounded");
+        assert!(
+            throttle.attempt("dana", ip("192.0.2.200")).is_ok(),
+            "a newcomer is never refused for want of room"
+        );
+    }
+
+    #[test]
+    fn a_client_waiting_on_too_many_accounts_waits_alone() {
+        let throttle = SignInThrottle::new(
+            5,
+            Duration::from_secs(60),
+            Duration::from_secs(900),
+            10_000,
+            4,
+        );
+        for n in 0..MAX_ACCOUNTS_PER_CLIENT {
+            drop(
+                throttle
+                    .attempt(&format!("user{n}"), ip("10.0.0.9"))
+                    .unwrap(),
+            );
+        }
+        assert!(matches!(
+            throttle.attempt("one-more", ip("10.0.0.9")),
+            Err(NotNow::Throttled(_))
+        ));
+        // The accounts it already tried go on being counted, and every
+        // other client is untouched.
+        assert!(throttle.attempt("user0", ip("10.0.0.9")).is_ok());
+        assert!(throttle.attempt("one-more", ip("10.0.0.10")).is_ok());
+    }
+
+    #[test]
+    fn ipv6_clients_are_counted_by_their_64_network() {
+        let throttle =
+            SignInThrottle::new(5, Duration::from_secs(60), Duration::from_secs(900), 10, 4);
+        // Ten names, each from another address of one /64.
+        for n in 1..=10 {
+            drop(
+                throttle
+                    .attempt(&format!("user{n}"), ip(&format!("2001:db8:0:1::{n:x}")))
+                    .unwrap(),
+            );
+        }
+        assert!(
+            matches!(
+                throttle.attempt("user99", ip("2001:db8:0:1:ffff::1")),
+                Err(NotNow::Throttled(_))
+            ),
+            "a new address in the same /64 is the same client"
+        );
+        assert!(throttle.attempt("user99", ip("2001:db8:0:2::1")).is_ok());
+        // An IPv4 client reached over IPv6 is still that IPv4 client.
+        assert_eq!(
+            super::Client::of(ip("::ffff:192.0.2.1")),
+            super::Client::of(ip("192.0.2.1"))
+        );
     }
 }

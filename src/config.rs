@@ -216,9 +216,22 @@ pub struct Limits {
     /// Connections served at once; further clients wait in the listen queue.
     #[arg(long, env = "SAGA_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: usize,
-    /// Seconds a client has to send a request's headers, and again its body.
+    /// Connections one client address (an IPv6 client's /64) may hold at
+    /// once; at most, and by default, a quarter of --max-connections.
+    /// Trusted proxies are not limited.
+    #[arg(long, env = "SAGA_MAX_CONNECTIONS_PER_CLIENT")]
+    pub max_connections_per_client: Option<usize>,
+    /// Seconds a new connection has to send its first request's headers,
+    /// and a request has to send its whole body.
     #[arg(long, env = "SAGA_REQUEST_TIMEOUT_SECS", default_value_t = 10)]
     pub request_timeout_secs: u64,
+    /// Seconds a connection with no request in progress is kept open.
+    #[arg(long, env = "SAGA_IDLE_TIMEOUT_SECS", default_value_t = 30)]
+    pub idle_timeout_secs: u64,
+    /// The most bytes of a connector's answer that are read; a longer
+    /// answer is cut, and the step keeps its beginning and says so.
+    #[arg(long, env = "SAGA_MAX_ANSWER_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_answer_bytes: usize,
 }
 
 impl Default for Limits {
@@ -226,7 +239,10 @@ impl Default for Limits {
         Limits {
             trusted_proxies: Vec::new(),
             max_connections: 10_000,
+            max_connections_per_client: None,
             request_timeout_secs: 10,
+            idle_timeout_secs: 30,
+            max_answer_bytes: 4 * 1024 * 1024,
         }
     }
 }

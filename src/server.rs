@@ -75,7 +75,10 @@ impl Application {
     /// Builds the server with the connectors the tools file configures.
     pub async fn build(args: ServeArgs) -> Result<Self, ServerError> {
         let registry = load_registry(&args)?;
-        let wire = Wire::new(&Timeouts::default());
+        let wire = Wire::new(&Timeouts {
+            max_answer_bytes: args.limits.max_answer_bytes,
+            ..Timeouts::default()
+        });
         let connectors = ConnectorSet::from_settings(registry.connector_settings(), &wire)
             .map_err(|mistakes| ServerError::Connectors {
                 path: args.tools.clone().unwrap_or_default(),
@@ -180,7 +183,7 @@ impl Application {
             slack_approvals,
         };
         let timeout = std::time::Duration::from_secs(args.limits.request_timeout_secs.max(1));
-        let router = router(state.clone(), &opened, args.secure_cookies, timeout).await?;
+        let router = router(state.clone(), &opened, args.secure_cookies).await?;
         Ok(Application {
             listener,
             metrics_listener,
@@ -188,7 +191,11 @@ impl Application {
             state,
             limits: crate::serving::ConnectionLimits {
                 max_connections: args.limits.max_connections,
+                max_per_client: args.limits.max_connections_per_client,
+                unlimited: Arc::new(args.limits.trusted_proxies.clone()),
                 header_timeout: timeout,
+                body_timeout: timeout,
+                idle_timeout: std::time::Duration::from_secs(args.limits.idle_timeout_secs.max(1)),
                 shutdown_grace: std::time::Duration::from_secs(args.operations.shutdown_grace_secs),
             },
         })
@@ -411,12 +418,7 @@ pub(crate) fn leptos_options(addr: SocketAddr) -> LeptosOptions {
 /// any correction a person writes, far less than what exhausts memory.
 const SERVER_FN_BODY_LIMIT: usize = 64 * 1024;
 
-async fn router(
-    state: AppState,
-    opened: &Opened,
-    secure: bool,
-    body_timeout: std::time::Duration,
-) -> Result<Router, ServerError> {
+async fn router(state: AppState, opened: &Opened, secure: bool) -> Result<Router, ServerError> {
     let routes = generate_route_list(ui::App);
     let app = Router::new()
         .merge(crate::ops::health::routes())
@@ -439,10 +441,7 @@ async fn router(
         .layer(middleware::from_fn_with_state(state, require_sign_in))
         .layer(middleware::from_fn(limit_server_fn_bodies))
         .layer(middleware::from_fn(refuse_cross_site_posts))
-        .layer(middleware::from_fn(security_headers))
-        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-            body_timeout,
-        ));
+        .layer(middleware::from_fn(security_headers));
     let expiry = Expiry::OnInactivity(tower_sessions::cookie::time::Duration::hours(8));
     let app = match opened {
         Opened::Sqlite(store) => {

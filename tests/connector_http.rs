@@ -41,6 +41,7 @@ async fn backoffice(request_timeout: Duration) -> Backoffice {
     let wire = Wire::new(&Timeouts {
         connect: Duration::from_secs(2),
         request: request_timeout,
+        ..Timeouts::default()
     });
     let connector = HttpConnector::from_settings(&http, wire).unwrap();
     Backoffice {
@@ -391,4 +392,215 @@ fn settings_mistakes_are_each_named_and_a_token_is_never_echoed() {
     .unwrap();
     let connector = HttpConnector::from_settings(&good, Wire::new(&Timeouts::default())).unwrap();
     assert!(!format!("{connector:?}").contains("tok_s3cr3t_value"));
+}
+
+/// A stub service that records every request it gets: answers each
+/// `/svc/items/{id}` with that id, redirects `/svc/moved` to another host,
+/// and answers `/svc/huge` with `size` bytes, declaring the length or not.
+mod stub {
+    use axum::body::Body;
+    use axum::extract::{Path, State};
+    use axum::http::{header, StatusCode};
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::any;
+    use axum::{Json, Router};
+    use serde_json::json;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    pub struct Seen(pub Arc<Mutex<Vec<String>>>);
+
+    impl Seen {
+        pub fn paths(&self) -> Vec<String> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    pub const HUGE: usize = 50 * 1024 * 1024;
+
+    /// Serves on port 0; returns its base URL.
+    pub async fn serve(seen: Seen, redirect_to: Option<String>) -> String {
+        let record = |seen: &Seen, uri: &axum::http::Uri| {
+            let path = percent_encoding::percent_decode_str(uri.path()).decode_utf8_lossy();
+            seen.0.lock().unwrap().push(path.into_owned());
+        };
+        let app = Router::new()
+            .route(
+                "/svc/items/{id}",
+                any(
+                    move |State(seen): State<Seen>,
+                          uri: axum::http::Uri,
+                          Path(id): Path<String>| async move {
+                        record(&seen, &uri);
+                        Json(json!({"id": id}))
+                    },
+                ),
+            )
+            .route(
+                "/svc/moved",
+                any(
+                    move |State(seen): State<Seen>, uri: axum::http::Uri| async move {
+                        record(&seen, &uri);
+                        let to = redirect_to.clone().unwrap_or_default();
+                        (StatusCode::TEMPORARY_REDIRECT, [(header::LOCATION, to)]).into_response()
+                    },
+                ),
+            )
+            .route(
+                "/svc/huge/{declared}",
+                any(
+                    move |State(seen): State<Seen>,
+                          uri: axum::http::Uri,
+                          Path(declared): Path<String>| async move {
+                        record(&seen, &uri);
+                        let chunk = axum::body::Bytes::from(vec![b'x'; 64 * 1024]);
+                        let chunks = HUGE / chunk.len();
+                        let stream = futures::stream::iter(
+                            (0..chunks).map(move |_| Ok::<_, std::io::Error>(chunk.clone())),
+                        );
+                        let mut response = Response::new(Body::from_stream(stream));
+                        if declared == "declared" {
+                            response
+                                .headers_mut()
+                                .insert(header::CONTENT_LENGTH, HUGE.into());
+                        }
+                        response
+                    },
+                ),
+            )
+            .fallback(any(
+                move |State(seen): State<Seen>, uri: axum::http::Uri| async move {
+                    record(&seen, &uri);
+                    Json(json!({"id": "outside"}))
+                },
+            ))
+            .with_state(seen);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}")
+    }
+}
+
+/// The connector over the stub, base URL `{stub}/svc`, with a 1 MiB answer
+/// limit.
+fn stub_connector(base: &str) -> HttpConnector {
+    let settings: toml::Table = toml::from_str(&format!(
+        r#"
+[svc]
+base_url = "{base}/svc"
+
+[svc.operations.touch]
+method = "POST"
+path = "/items/{{args.id}}"
+ref = "/id"
+
+[svc.operations.moved]
+method = "POST"
+path = "/moved"
+body = {{ note = "{{args.note}}" }}
+idempotency_header = "Idempotency-Key"
+ref = "/id"
+
+[svc.operations.huge]
+method = "POST"
+path = "/huge/{{args.declared}}"
+ref = "/id"
+"#
+    ))
+    .unwrap();
+    let wire = Wire::new(&Timeouts {
+        max_answer_bytes: 1024 * 1024,
+        ..Timeouts::default()
+    });
+    HttpConnector::from_settings(&settings, wire).unwrap()
+}
+
+#[tokio::test]
+async fn an_argument_cannot_climb_out_of_the_services_path() {
+    let seen = stub::Seen::default();
+    let base = stub::serve(seen.clone(), None).await;
+    let connector = stub_connector(&base);
+    for id in ["..", ".", "../../secret", "..\\secret"] {
+        let report = connector
+            .execute("svc.touch", "k-climb", &json!({ "id": id }))
+            .await;
+        assert!(
+            matches!(&report, CallReport::NotSent { reason } if reason.contains("segment")),
+            "{id:?}: {report:?}"
+        );
+    }
+    assert!(seen.paths().is_empty(), "reached: {:?}", seen.paths());
+    // An ordinary value, dots inside it included, goes where it should.
+    let report = connector
+        .execute("svc.touch", "k-fine", &json!({ "id": "v1.2..3" }))
+        .await;
+    assert!(
+        matches!(&report, CallReport::Answered { status: 200, .. }),
+        "{report:?}"
+    );
+    assert_eq!(seen.paths(), vec!["/svc/items/v1.2..3".to_owned()]);
+}
+
+#[tokio::test]
+async fn a_redirect_is_an_answer_and_is_never_followed() {
+    let elsewhere = stub::Seen::default();
+    let other = stub::serve(elsewhere.clone(), None).await;
+    let seen = stub::Seen::default();
+    let base = stub::serve(seen.clone(), Some(format!("{other}/stolen"))).await;
+    let connector = stub_connector(&base);
+    let report = connector
+        .execute("svc.moved", "k-moved", &json!({"note": "refund"}))
+        .await;
+    assert!(
+        matches!(&report, CallReport::Answered { status: 307, .. }),
+        "{report:?}"
+    );
+    assert!(
+        matches!(
+            judged(&connector, "svc.moved", &report),
+            Classified::Unknown { .. }
+        ),
+        "the request arrived, so its effect is unknown until looked up"
+    );
+    assert_eq!(seen.paths(), vec!["/svc/moved".to_owned()]);
+    assert!(
+        elsewhere.paths().is_empty(),
+        "the body and key went to another host: {:?}",
+        elsewhere.paths()
+    );
+}
+
+#[tokio::test]
+async fn an_answer_past_the_limit_is_cut_and_says_so() {
+    let seen = stub::Seen::default();
+    let base = stub::serve(seen.clone(), None).await;
+    let connector = stub_connector(&base);
+    for declared in ["declared", "streamed"] {
+        let report = connector
+            .execute("svc.huge", "k-huge", &json!({ "declared": declared }))
+            .await;
+        let CallReport::Answered {
+            status: 200,
+            body: Some(body),
+            ..
+        } = &report
+        else {
+            panic!("{declared}: {report:?}");
+        };
+        let said = body["answer_cut"].as_str().unwrap_or_default();
+        assert!(said.contains("1048576-byte limit"), "{declared}: {body}");
+        let kept = serde_json::to_string(body).unwrap().len();
+        assert!(kept < 4096, "{declared}: {kept} bytes kept");
+        if declared == "declared" {
+            assert!(said.contains(&stub::HUGE.to_string()), "{said}");
+        }
+        assert!(
+            matches!(
+                judged(&connector, "svc.huge", &report),
+                Classified::Unknown { .. }
+            ),
+            "a 2xx whose reference was cut off is unknown: {declared}"
+        );
+    }
 }

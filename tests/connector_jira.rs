@@ -261,6 +261,7 @@ async fn r4_a_delay_past_the_timeout_is_unknown_and_lookup_finds_it() {
     let short = Timeouts {
         connect: Duration::from_secs(1),
         request: Duration::from_millis(300),
+        ..Timeouts::default()
     };
     for flavour in FLAVOURS {
         let rig = rig_with(flavour, short.clone(), |_| {}).await;

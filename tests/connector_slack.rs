@@ -225,6 +225,7 @@ async fn r4_answer_slower_than_the_timeout_is_unknown_and_lookup_finds_it() {
     let timeouts = Timeouts {
         connect: Duration::from_secs(2),
         request: Duration::from_millis(300),
+        ..Timeouts::default()
     };
     let w = world_with("r4slow", timeouts, None).await;
     w.fault_on_post(Fault::Delay { ms: 1200 });

@@ -264,6 +264,7 @@ async fn r4_a_timeout_after_sending_is_unknown_and_lookup_finds_it() {
     let short = Timeouts {
         connect: Duration::from_secs(2),
         request: Duration::from_millis(300),
+        ..Timeouts::default()
     };
     unknown_then_found(Fault::Delay { ms: 1200 }, short).await;
 }

@@ -277,6 +277,7 @@ async fn r4_a_delay_past_the_timeout_is_unknown_and_lookup_finds_it() {
     let short = Timeouts {
         connect: Duration::from_secs(1),
         request: Duration::from_millis(300),
+        ..Timeouts::default()
     };
     let rig = rig_with(short, |_| {}).await;
     rig.inject("POST", "/api/v2/tickets.json", Fault::Delay { ms: 1_000 });

@@ -412,6 +412,52 @@ async fn r6_a_call_whose_way_back_cannot_be_built_waits_for_a_person(s: Setup) {
     assert_eq!(read.outcome, OutcomeKind::Confirmed);
 }
 
+/// A held step's approval has a deadline (here one second, from the
+/// tools file's `[approvals]`): an approval that arrives after it is not
+/// taken. The step ends as expired and nothing is sent.
+async fn r9_a_held_step_cannot_be_approved_after_its_deadline(s: Setup) {
+    let tools = format!("{TOOLS}\n[approvals]\ndeadline = \"1s\"\n");
+    let engine = Engine::new(
+        s.store.clone(),
+        Arc::new(Registry::from_toml(&tools).unwrap()),
+        s.world.clone(),
+    );
+    let run = s.run().await;
+    let held = engine
+        .call(
+            AGENT,
+            run.id,
+            "charge_card",
+            json!({"currency": "eur"}),
+            Some(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(held.outcome, OutcomeKind::AwaitingApproval);
+    let approval = s.store.pending_approvals().await.unwrap().remove(0);
+    let deadline = approval.expires_at.expect("the tools file sets a deadline");
+    while chrono::Utc::now() <= deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let step = engine
+        .decide_step(approval.id, &approval.digest, true, &lead(), Via::Dashboard)
+        .await
+        .unwrap();
+    assert_eq!(step.status, StepStatus::Rejected, "{step:?}");
+    assert!(
+        step.error
+            .as_deref()
+            .is_some_and(|e| e.contains("deadline")),
+        "{step:?}"
+    );
+    assert!(
+        s.world.effects("payments.charge").is_empty(),
+        "a late approval sent the charge"
+    );
+    let decided = s.store.approval(approval.id).await.unwrap().unwrap();
+    assert_eq!(decided.status, ApprovalStatus::Expired);
+}
+
 async fn r6_the_compensation_is_written_before_the_call_and_names_the_key(s: Setup) {
     let run = s.run().await;
     let out = s
@@ -2238,6 +2284,7 @@ common::on_both_backends!(
     r4_not_executed_is_retried_under_the_same_key,
     r4_a_refusal_is_failed_and_final,
     r6_a_call_whose_way_back_cannot_be_built_waits_for_a_person,
+    r9_a_held_step_cannot_be_approved_after_its_deadline,
     r6_the_compensation_is_written_before_the_call_and_names_the_key,
     r9_irreversible_calls_before_the_pivot_are_held_and_counted,
     r9_gated_tools_are_refused_outside_a_pivot,

@@ -274,6 +274,191 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off() {
     );
 }
 
+/// A connection from `source` (another loopback address stands for
+/// another client).
+async fn connect_from(source: &str, address: &str) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    socket.connect(address.parse().unwrap()).await.unwrap()
+}
+
+/// Whether the server closes the connection within `limit` (reading and
+/// dropping whatever it sends first; PINGs of an HTTP/2 connection are
+/// answered, as a live peer would).
+async fn closed_by_server_within(
+    mut stream: tokio::net::TcpStream,
+    limit: Duration,
+    answer_pings: bool,
+) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let reading = async {
+        let mut pending = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => pending.extend_from_slice(&buf[..n]),
+            }
+            // HTTP/2 frames: 9-byte header (length, type, flags, stream).
+            while answer_pings && pending.len() >= 9 {
+                let length = u32::from_be_bytes([0, pending[0], pending[1], pending[2]]) as usize;
+                if pending.len() < 9 + length {
+                    break;
+                }
+                let frame: Vec<u8> = pending.drain(..9 + length).collect();
+                let (kind, flags) = (frame[3], frame[4]);
+                let reply = match (kind, flags & 1) {
+                    // SETTINGS: acknowledge.
+                    (4, 0) => Some(vec![0, 0, 0, 4, 1, 0, 0, 0, 0]),
+                    // PING: answer with the same payload.
+                    (6, 0) => Some([&[0, 0, 8, 6, 1, 0, 0, 0, 0][..], &frame[9..]].concat()),
+                    _ => None,
+                };
+                if let Some(reply) = reply {
+                    if stream.write_all(&reply).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout(limit, reading).await.is_ok()
+}
+
+/// The client preface and an empty SETTINGS frame: an HTTP/2 connection
+/// that then opens no stream.
+const HTTP2_START: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+
+#[tokio::test]
+async fn one_client_holding_idle_connections_cannot_keep_others_out() {
+    use tokio::io::AsyncWriteExt;
+    let db = common::sqlite();
+    let launch = Launch::new(&db.url, None).env("SAGA_MAX_CONNECTIONS", "20");
+    let harness = Harness::start(&launch).await;
+    let address = harness.base.trim_start_matches("http://").to_owned();
+    // One client takes every slot, four ways: silent, half an HTTP/2
+    // preface, an HTTP/2 connection with no stream, a body never sent.
+    let mut held = Vec::new();
+    for n in 0..20 {
+        let mut stream = connect_from("127.0.0.2", &address).await;
+        let start: &[u8] = match n % 4 {
+            0 => b"",
+            1 => b"PRI * HTTP/2.0\r\n",
+            2 => HTTP2_START,
+            _ => b"POST /api/login HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nu",
+        };
+        let _ = stream.write_all(start).await;
+        held.push(stream);
+    }
+    let http = client();
+    let started = Instant::now();
+    let health = tokio::time::timeout(
+        Duration::from_secs(2),
+        http.get(format!("{}/healthz", harness.base)).send(),
+    )
+    .await;
+    let took = started.elapsed();
+    println!("/healthz with one client holding 20 connections: {took:?}");
+    assert!(
+        matches!(&health, Ok(Ok(r)) if r.status() == 200),
+        "/healthz did not answer within 2 s: {health:?}"
+    );
+    drop(held);
+}
+
+#[tokio::test]
+async fn idle_half_open_and_trickling_connections_are_closed_by_their_deadlines() {
+    use tokio::io::AsyncWriteExt;
+    let db = common::sqlite();
+    let launch = Launch::new(&db.url, None)
+        .env("SAGA_REQUEST_TIMEOUT_SECS", "1")
+        .env("SAGA_IDLE_TIMEOUT_SECS", "1");
+    let harness = Harness::start(&launch).await;
+    let address = harness.base.trim_start_matches("http://").to_owned();
+    let limit = Duration::from_secs(4);
+
+    let silent = connect_from("127.0.0.3", &address).await;
+    assert!(
+        closed_by_server_within(silent, limit, false).await,
+        "a connection that sends nothing stays open"
+    );
+
+    let mut preface = connect_from("127.0.0.4", &address).await;
+    preface.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    assert!(
+        closed_by_server_within(preface, limit, false).await,
+        "half an HTTP/2 preface keeps the connection open"
+    );
+
+    let mut streamless = connect_from("127.0.0.5", &address).await;
+    streamless.write_all(HTTP2_START).await.unwrap();
+    assert!(
+        closed_by_server_within(streamless, limit, true).await,
+        "an HTTP/2 connection that opens no stream but answers PINGs stays open"
+    );
+
+    // A whole request first, then nothing: idle after its answer.
+    let mut kept_alive = connect_from("127.0.0.6", &address).await;
+    kept_alive
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(
+        closed_by_server_within(kept_alive, limit, false).await,
+        "an idle keep-alive connection stays open"
+    );
+
+    // A body sent a byte every 300 ms: each byte is in time, the whole is not.
+    let trickle = connect_from("127.0.0.7", &address).await;
+    let (reader, mut writer) = trickle.into_split();
+    writer
+        .write_all(
+            b"POST /api/login HTTP/1.1\r\nHost: x\r\n\
+              Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 200\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let trickling = tokio::spawn(async move {
+        for _ in 0..200 {
+            if writer.write_all(b"u").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    let started = Instant::now();
+    let mut reader = reader;
+    let mut answer = Vec::new();
+    let answered = tokio::time::timeout(limit, async {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 1024];
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    trickling.abort();
+    println!(
+        "trickled body: {:?} after {:?}",
+        String::from_utf8_lossy(&answer).lines().next(),
+        started.elapsed()
+    );
+    assert!(
+        answered.is_ok(),
+        "a body sent a byte at a time kept the request open past its deadline"
+    );
+    // The server is still serving.
+    let health = client()
+        .get(format!("{}/healthz", harness.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+}
+
 #[tokio::test]
 async fn one_address_cannot_lock_an_account_out_for_everyone() {
     let db = common::sqlite();

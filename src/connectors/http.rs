@@ -23,8 +23,12 @@
 //! ```
 //!
 //! Templates take `{key}` and `{args.FIELD}`; values put into a path are
-//! percent-encoded. A way back (undo, compensation) is another operation
-//! named by the tool's `undo` or `compensation`.
+//! percent-encoded. An argument is attacker input (the model chose it): a
+//! filled path with a `.` or `..` segment, however encoded, is refused, and
+//! the final URL must keep the base URL's origin and path prefix, so no
+//! argument can point the service's credentials anywhere else. A way back
+//! (undo, compensation) is another operation named by the tool's `undo` or
+//! `compensation`.
 
 use super::wire::{self, Wire};
 use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
@@ -197,10 +201,8 @@ impl HttpConnector {
         args: &Value,
     ) -> Result<reqwest::RequestBuilder, String> {
         let path = fill_path(path, key, args)?;
-        let mut request = self
-            .wire
-            .client()
-            .request(method.clone(), format!("{}{path}", op.base_url));
+        let url = url_within(&op.base_url, &path)?;
+        let mut request = self.wire.client().request(method.clone(), url);
         if let Some(token) = &op.token {
             request = request.bearer_auth(token.expose_secret());
         }
@@ -317,6 +319,36 @@ fn fill_path(template: &str, key: &str, args: &Value) -> Result<String, String> 
         Value::String(path) => Ok(path),
         other => Ok(other.to_string()),
     }
+}
+
+/// The URL a filled path makes under `base_url`, refused if any of its
+/// path segments is a dot segment once decoded (URL parsers resolve `%2E%2E`
+/// as `..`, and many servers decode `%2F`), or if the result leaves the
+/// base URL's origin or path.
+fn url_within(base_url: &str, path: &str) -> Result<reqwest::Url, String> {
+    let path_only = path.split(['?', '#']).next().unwrap_or_default();
+    for segment in path_only.split('/') {
+        let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
+        if decoded
+            .split(['/', '\\'])
+            .any(|piece| piece == "." || piece == "..")
+        {
+            return Err(format!(
+                "the filled path {path:?} has a `.` or `..` segment; an argument cannot move the call to another path"
+            ));
+        }
+    }
+    let base = reqwest::Url::parse(base_url).map_err(|e| format!("base URL: {e}"))?;
+    let url = reqwest::Url::parse(&format!("{base_url}{path}"))
+        .map_err(|e| format!("the filled path {path:?} does not make a URL: {e}"))?;
+    let prefix = base.path().trim_end_matches('/');
+    let inside = url.path() == prefix || url.path().starts_with(&format!("{prefix}/"));
+    if url.origin() != base.origin() || !inside {
+        return Err(format!(
+            "the filled path {path:?} leaves {base_url}; an argument cannot send the call elsewhere"
+        ));
+    }
+    Ok(url)
 }
 
 fn encode(text: &str) -> String {

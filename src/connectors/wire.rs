@@ -1,5 +1,11 @@
 //! The HTTP client every connector uses, and the translation of what
 //! happened on the socket into a [`CallReport`] (the facts R4 judges).
+//!
+//! What a system answers is untrusted: the client follows no redirect (a
+//! 3xx is an answer like any other, so a service cannot point the harness,
+//! its credentials or a request body at another host), and an answer is
+//! read up to `max_answer_bytes` and no further (a longer one is cut, and
+//! the step keeps its beginning and says so).
 
 use crate::saga::connector::{CallReport, LookupError};
 use serde_json::Value;
@@ -14,13 +20,23 @@ pub struct Timeouts {
     /// The whole request, answer included. Past it the call is `TimedOut`:
     /// unknown, never failed.
     pub request: Duration,
+    /// The most bytes of an answer that are read.
+    pub max_answer_bytes: usize,
 }
+
+/// The default for `max_answer_bytes`: far above any answer the systems'
+/// APIs document, far below what would strain the harness.
+pub const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
+
+/// How much of a cut answer is kept, for the person reading the step.
+const EXCERPT_BYTES: usize = 2048;
 
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
             connect: Duration::from_secs(3),
             request: Duration::from_secs(10),
+            max_answer_bytes: MAX_ANSWER_BYTES,
         }
     }
 }
@@ -29,6 +45,18 @@ impl Default for Timeouts {
 #[derive(Clone, Debug)]
 pub struct Wire {
     client: reqwest::Client,
+    max_answer_bytes: usize,
+}
+
+/// An answer's body as read: whole, or cut at the limit.
+enum Answer {
+    Whole(Vec<u8>),
+    Cut {
+        /// Its first bytes, at most [`EXCERPT_BYTES`].
+        excerpt: Vec<u8>,
+        /// The length it declared, if it declared one.
+        declared: Option<u64>,
+    },
 }
 
 impl Wire {
@@ -36,10 +64,57 @@ impl Wire {
         let client = reqwest::Client::builder()
             .connect_timeout(timeouts.connect)
             .timeout(timeouts.request)
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("saga-harness/", env!("CARGO_PKG_VERSION")))
             .build()
             .expect("a client with static settings builds");
-        Wire { client }
+        Wire {
+            client,
+            max_answer_bytes: timeouts.max_answer_bytes.max(1),
+        }
+    }
+
+    /// Reads an answer's body up to the limit: a declared length over it
+    /// is not read at all, and a body that runs past it is cut there.
+    async fn read_body(&self, mut response: reqwest::Response) -> Result<Answer, reqwest::Error> {
+        let limit = self.max_answer_bytes;
+        let declared = response.content_length();
+        if declared.is_some_and(|length| length > limit as u64) {
+            return Ok(Answer::Cut {
+                excerpt: Vec::new(),
+                declared,
+            });
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await? {
+            if body.len() + chunk.len() > limit {
+                body.extend_from_slice(
+                    &chunk[..EXCERPT_BYTES.saturating_sub(body.len()).min(chunk.len())],
+                );
+                body.truncate(EXCERPT_BYTES);
+                return Ok(Answer::Cut {
+                    excerpt: body,
+                    declared,
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(Answer::Whole(body))
+    }
+
+    /// What a cut answer is kept as: its beginning and why it ends there.
+    fn cut_answer(&self, excerpt: &[u8], declared: Option<u64>) -> Value {
+        let limit = self.max_answer_bytes;
+        let said = match declared {
+            Some(length) => format!(
+                "the answer was {length} bytes, over the {limit}-byte limit: only its beginning is kept"
+            ),
+            None => format!("the answer ran past the {limit}-byte limit: only its beginning is kept"),
+        };
+        serde_json::json!({
+            "answer_cut": said,
+            "excerpt": String::from_utf8_lossy(excerpt),
+        })
     }
 
     pub fn client(&self) -> &reqwest::Client {
@@ -54,10 +129,10 @@ impl Wire {
         };
         let status = response.status().as_u16();
         let retry_after = retry_after(response.headers(), std::time::SystemTime::now());
-        match response.bytes().await {
+        match self.read_body(response).await {
             // Refused for now, nothing kept: the caller may send it again,
             // after the wait the system asked for.
-            Ok(bytes) if status == 429 => CallReport::Deferred {
+            Ok(Answer::Whole(bytes)) if status == 429 => CallReport::Deferred {
                 reason: match serde_json::from_slice::<Value>(&bytes)
                     .ok()
                     .as_ref()
@@ -68,9 +143,17 @@ impl Wire {
                 },
                 retry_after,
             },
-            Ok(bytes) => CallReport::Answered {
+            Ok(Answer::Whole(bytes)) => CallReport::Answered {
                 status,
                 body: serde_json::from_slice(&bytes).ok(),
+                idempotency_conflict: false,
+            },
+            // The system answered; what it said is too long to read. The
+            // status stands, and a 2xx without its reference is an unknown
+            // the lookup settles.
+            Ok(Answer::Cut { excerpt, declared }) => CallReport::Answered {
+                status,
+                body: Some(self.cut_answer(&excerpt, declared)),
                 idempotency_conflict: false,
             },
             // The answer started and broke off: the request had arrived.
@@ -90,11 +173,17 @@ impl Wire {
             .await
             .map_err(|e| LookupError::Unavailable(describe(&e)))?;
         let status = response.status().as_u16();
-        let bytes = response
-            .bytes()
+        match self
+            .read_body(response)
             .await
-            .map_err(|e| LookupError::Unavailable(describe(&e)))?;
-        Ok((status, serde_json::from_slice(&bytes).ok()))
+            .map_err(|e| LookupError::Unavailable(describe(&e)))?
+        {
+            Answer::Whole(bytes) => Ok((status, serde_json::from_slice(&bytes).ok())),
+            Answer::Cut { .. } => Err(LookupError::Unavailable(format!(
+                "the lookup's answer was longer than the {}-byte limit",
+                self.max_answer_bytes
+            ))),
+        }
     }
 
     /// Reads, and insists on a 2xx JSON answer.

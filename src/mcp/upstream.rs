@@ -10,6 +10,7 @@
 //! env = ["EVERYTHING_TOKEN"]   # the only variables the command inherits
 //! prefix = "everything"        # tools are listed as everything_TOOL
 //! timeout_ms = 30000           # no answer by then: the outcome is unknown
+//! trust_read_only_hints = false  # true: a tool it marks readOnlyHint is pure
 //!
 //! [connectors.mcp.tickets]
 //! url = "https://mcp.example.com/mcp"
@@ -17,14 +18,19 @@
 //! ```
 //!
 //! At start-up the harness connects to each, lists its tools and takes them
-//! in (see `Registry::adopt_upstream` for how they are classed). Each call
+//! in (see `Registry::adopt_upstream` for how they are classed). A tool's
+//! annotations are the server's claims: a tool the tools file does not
+//! class is irreversible whatever they say, unless the file trusts that
+//! server's `readOnlyHint` (`trust_read_only_hints = true`) or declares the
+//! tool itself (`[[tool]] ... connector = "mcp.SERVER.TOOL"`). Each call
 //! carries the step's idempotency key in its `_meta` under [`KEY_META`], so
 //! an upstream that understands it can deduplicate. An upstream has no
 //! lookup: an unknown outcome becomes a question for a person, as for SMTP.
 
 use crate::connectors::ConnectorSet;
+use crate::saga::class::ToolClass;
 use crate::saga::connector::{CallReport, Connector, Lookup, LookupError};
-use crate::saga::registry::{Registry, UpstreamTool};
+use crate::saga::registry::{Registry, ToolHints, UpstreamTool};
 use async_trait::async_trait;
 use rmcp::model::ProtocolVersion;
 use rmcp::model::{
@@ -60,6 +66,10 @@ struct Settings {
     prefix: Option<String>,
     #[serde(default = "default_timeout_ms")]
     timeout_ms: u64,
+    /// Take a tool this server marks `readOnlyHint: true` as pure. Off by
+    /// default: annotations are untrusted (MCP specification).
+    #[serde(default)]
+    trust_read_only_hints: bool,
 }
 
 fn default_timeout_ms() -> u64 {
@@ -83,6 +93,7 @@ enum Reach {
 /// connection is lost.
 pub struct Upstream {
     name: String,
+    trust_hints: bool,
     reach: Reach,
     timeout: Duration,
     session: tokio::sync::Mutex<Option<RunningService<RoleClient, ()>>>,
@@ -140,6 +151,7 @@ impl Upstream {
         Ok((
             Upstream {
                 name: name.to_owned(),
+                trust_hints: settings.trust_read_only_hints,
                 reach,
                 timeout: Duration::from_millis(settings.timeout_ms),
                 session: tokio::sync::Mutex::new(None),
@@ -225,11 +237,16 @@ impl Upstream {
                 name: tool.name.to_string(),
                 description: tool.description.map(|d| d.to_string()),
                 schema: Value::Object((*tool.input_schema).clone()),
-                read_only: tool
+                hints: tool
                     .annotations
                     .as_ref()
-                    .and_then(|a| a.read_only_hint)
-                    .unwrap_or(false),
+                    .map(|a| ToolHints {
+                        read_only: a.read_only_hint,
+                        destructive: a.destructive_hint,
+                        idempotent: a.idempotent_hint,
+                        open_world: a.open_world_hint,
+                    })
+                    .unwrap_or_default(),
             })
             .collect())
     }
@@ -434,7 +451,7 @@ pub async fn attach(
                 continue;
             }
         };
-        match registry.adopt_upstream(name, &prefix, listed) {
+        match registry.adopt_upstream(name, &prefix, upstream.trust_hints, listed) {
             Ok(operations) => {
                 let names: Vec<&str> = operations.iter().map(String::as_str).collect();
                 connectors = connectors.serve(&names, Arc::new(upstream));
@@ -447,4 +464,62 @@ pub async fn attach(
     } else {
         Err(mistakes)
     }
+}
+
+/// One upstream tool as `saga-harness doctor` shows it: what its server
+/// claims and the class the harness gives it.
+pub struct InspectedTool {
+    pub name: String,
+    pub hints: ToolHints,
+    pub class: ToolClass,
+    /// Whether the tools file declares it (else it is classed from the
+    /// listing).
+    pub declared: bool,
+}
+
+/// Connects to every upstream server the tools file names and lists its
+/// tools with their hints and the class each gets, without serving them.
+/// Each server's result is its own: one that cannot be reached does not
+/// hide the others.
+pub async fn inspect(registry: &Registry) -> Vec<(String, Result<Vec<InspectedTool>, String>)> {
+    let Some(servers) = registry
+        .connector_settings()
+        .get("mcp")
+        .and_then(toml::Value::as_table)
+    else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for (name, settings) in servers {
+        let inspected = async {
+            let (upstream, prefix) = Upstream::from_settings(name, settings)?;
+            let listed = upstream.listed().await?;
+            let mut adopted = registry.clone();
+            adopted
+                .adopt_upstream(name, &prefix, upstream.trust_hints, listed.clone())
+                .map_err(|mistakes| {
+                    mistakes
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                })?;
+            Ok(listed
+                .into_iter()
+                .filter_map(|tool| {
+                    let operation = format!("mcp.{name}.{}", tool.name);
+                    let spec = adopted.tools().find(|spec| spec.connector == operation)?;
+                    Some(InspectedTool {
+                        name: spec.name.clone(),
+                        hints: tool.hints,
+                        class: spec.class,
+                        declared: registry.tools().any(|s| s.connector == operation),
+                    })
+                })
+                .collect())
+        }
+        .await;
+        found.push((name.clone(), inspected));
+    }
+    found
 }

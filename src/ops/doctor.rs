@@ -83,6 +83,9 @@ pub async fn examine(tools: Option<&Path>, database_url: &str) -> Report {
         ) {
             let connectors = credentials(&registry, report.section("credentials"));
             systems(&registry, &connectors, report.section("systems")).await;
+            if registry.connector_settings().contains_key("mcp") {
+                upstream_tools(&registry, report.section("upstream MCP tools")).await;
+            }
         }
     } else {
         report.section("tools file").push(Finding::Fix(
@@ -165,12 +168,50 @@ fn credentials(registry: &Registry, findings: &mut Vec<Finding>) -> BTreeMap<Str
             }
         }
     }
-    if registry.connector_settings().contains_key("mcp") {
-        findings.push(Finding::Note(
-            "upstream MCP servers are started and listed when the harness starts, not here".into(),
-        ));
-    }
     built
+}
+
+/// Each upstream MCP server's tools: what the server claims in its
+/// annotations, and the class the harness gives each. A read-only claim
+/// the tools file does not trust is pointed out, since every call of that
+/// tool will wait for a person.
+async fn upstream_tools(registry: &Registry, findings: &mut Vec<Finding>) {
+    use crate::saga::class::ToolClass;
+    for (server, inspected) in crate::mcp::upstream::inspect(registry).await {
+        let tools = match inspected {
+            Ok(tools) => tools,
+            Err(problem) => {
+                findings.push(Finding::Fix(format!(
+                    "upstream MCP server `{server}`: {problem}"
+                )));
+                continue;
+            }
+        };
+        for tool in tools {
+            let source = if tool.declared {
+                "as the tools file declares it"
+            } else {
+                "not declared in the tools file"
+            };
+            let line = format!(
+                "{server}: {} ({}): {}, {source}",
+                tool.name,
+                tool.hints,
+                tool.class.as_str()
+            );
+            let untrusted_claim = !tool.declared
+                && tool.hints.read_only == Some(true)
+                && tool.class == ToolClass::Irreversible;
+            if untrusted_claim {
+                findings.push(Finding::Note(format!(
+                    "{line}; its read-only claim is not trusted, so each call waits for a person \
+                     (declare it `class = \"pure\"`, or set `trust_read_only_hints = true` on the server)"
+                )));
+            } else {
+                findings.push(Finding::Ok(line));
+            }
+        }
+    }
 }
 
 /// Every operation the tools file uses (calls, ways back, correction

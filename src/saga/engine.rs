@@ -1559,6 +1559,17 @@ impl Engine {
                 "approval {approval_id} is a pivot, not a single step"
             ))
         })?;
+        // Past its deadline, a decision is too late: the approval expires
+        // as if nobody had decided (the store refuses a late approval in
+        // the decision's own transaction too, should the clock pass the
+        // deadline meanwhile).
+        if approval.status == ApprovalStatus::Pending
+            && approval
+                .expires_at
+                .is_some_and(|at| at <= chrono::Utc::now())
+        {
+            return self.expire_step(&approval).await;
+        }
         let _serialised = self.serialise(approval.run_id).await?;
         let run = self
             .store

@@ -135,18 +135,58 @@ pub struct UpstreamTool {
     pub description: Option<String>,
     /// Its `inputSchema`.
     pub schema: serde_json::Value,
-    /// Its `readOnlyHint` annotation: only an explicit `true` makes it pure.
-    pub read_only: bool,
+    /// What its annotations claim. The MCP specification says a client
+    /// must treat them as untrusted: they class nothing unless the tools
+    /// file trusts the server's hints.
+    pub hints: ToolHints,
+}
+
+/// An upstream tool's annotations, as its server lists them (absent ones
+/// are `None`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ToolHints {
+    pub read_only: Option<bool>,
+    pub destructive: Option<bool>,
+    pub idempotent: Option<bool>,
+    pub open_world: Option<bool>,
+}
+
+impl std::fmt::Display for ToolHints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let named = [
+            ("readOnlyHint", self.read_only),
+            ("destructiveHint", self.destructive),
+            ("idempotentHint", self.idempotent),
+            ("openWorldHint", self.open_world),
+        ];
+        let given: Vec<String> = named
+            .iter()
+            .filter_map(|(name, value)| value.map(|v| format!("{name} {v}")))
+            .collect();
+        if given.is_empty() {
+            f.write_str("no hints")
+        } else {
+            f.write_str(&given.join(", "))
+        }
+    }
 }
 
 impl ToolSpec {
     /// An upstream tool the tools file does not declare. Nothing says how
-    /// to take its effect back, so anything not read-only is irreversible:
-    /// each call waits for a person, and a correction is only for the team.
-    fn listed_upstream(name: String, operation: String, tool: UpstreamTool) -> ToolSpec {
+    /// to take its effect back, and its own annotations are only claims,
+    /// so it is irreversible whatever it says: each call waits for a
+    /// person, and a correction is only for the team. Only a server the
+    /// tools file trusts (`trust_read_only_hints`) gets a read-only tool
+    /// taken as pure.
+    fn listed_upstream(
+        name: String,
+        operation: String,
+        tool: UpstreamTool,
+        trust_hints: bool,
+    ) -> ToolSpec {
         ToolSpec {
             name,
-            class: if tool.read_only {
+            class: if trust_hints && tool.hints.read_only == Some(true) {
                 ToolClass::Pure
             } else {
                 ToolClass::Irreversible
@@ -309,14 +349,35 @@ impl ToolSpec {
         if recipients.is_empty() {
             return Err("the correction has no recipient for these arguments".into());
         }
-        // Amounts and recipient counts read as in the dashboard ("$9.00").
-        let worded = super::words::fill_filtered(&correction.template, args);
-        let template = match fill(&serde_json::Value::String(worded), key, args)? {
-            serde_json::Value::String(text) => text,
-            other => other.to_string(),
-        };
-        Ok((template, recipients))
+        Ok((fill_once(&correction.template, key, args)?, recipients))
     }
+}
+
+/// Fills a correction's text in one pass over the template: `{key}` and
+/// `{args.FIELD}` as [`fill`] does, `{args.FIELD|filter}` as the dashboard
+/// writes it ("$9.00"). What an argument puts in is never read again, so a
+/// value that looks like a placeholder reaches the letter as written.
+pub fn fill_once(template: &str, key: &str, args: &serde_json::Value) -> Result<String, String> {
+    use serde_json::Value;
+    let mut out = String::new();
+    let mut done = 0;
+    for placeholder in placeholders(template) {
+        let placeholder = placeholder?;
+        out.push_str(&template[done..placeholder.start]);
+        let whole = &template[placeholder.start..placeholder.end];
+        if placeholder.name.contains('|') {
+            // Amounts and recipient counts read as in the dashboard.
+            out.push_str(&super::words::fill_filtered(whole, args));
+        } else {
+            match fill(&Value::String(whole.to_owned()), key, args)? {
+                Value::String(text) => out.push_str(&text),
+                other => out.push_str(&other.to_string()),
+            }
+        }
+        done = placeholder.end;
+    }
+    out.push_str(&template[done..]);
+    Ok(out)
 }
 
 /// Fills `{key}` and `{args.FIELD}` in every string of a template. A string
@@ -743,13 +804,14 @@ impl Registry {
     /// `mcp.SERVER.TOOL`). A tool the tools file declares on that operation
     /// keeps its declaration, and gains the upstream's schema and
     /// description where it gives none. Any other is added as
-    /// `PREFIX_TOOL`, classed conservatively from its annotations: read-only
-    /// is pure; anything else is irreversible, so each call waits for a
-    /// person. Returns the operations the server serves.
+    /// `PREFIX_TOOL`, irreversible (each call waits for a person) unless the
+    /// server's hints are trusted and say read-only. Returns the operations
+    /// the server serves.
     pub fn adopt_upstream(
         &mut self,
         server: &str,
         prefix: &str,
+        trust_hints: bool,
         listed: Vec<UpstreamTool>,
     ) -> Result<Vec<String>, Vec<RegistryMistake>> {
         let mut mistakes = Vec::new();
@@ -781,7 +843,8 @@ impl Registry {
                         });
                         continue;
                     }
-                    let spec = ToolSpec::listed_upstream(name, operation.clone(), tool);
+                    let spec =
+                        ToolSpec::listed_upstream(name, operation.clone(), tool, trust_hints);
                     self.tools.insert(spec.name.clone(), spec.clone());
                     spec
                 }
@@ -1492,6 +1555,21 @@ mod tests {
             charge.correction_channel(Audience::Finance),
             Some("smtp.send")
         );
+    }
+
+    #[test]
+    fn r10_a_corrections_values_are_written_as_given_never_filled_again() {
+        let registry = Registry::from_toml(CHARGE_WITH_TWO_AUDIENCES).unwrap();
+        let charge = registry.get("charge").unwrap();
+        // The customer's text is "We refunded your {args.amount}."
+        let args = serde_json::json!({
+            "amount": "{args.email} {key} {",
+            "email": "ada@example.com",
+        });
+        let (text, _) = charge
+            .correction_for(Audience::Customer, "k1", &args)
+            .unwrap();
+        assert_eq!(text, "We refunded your {args.email} {key} {.");
     }
 
     #[test]

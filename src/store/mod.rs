@@ -185,28 +185,57 @@ pub async fn open_with(url: &str, settings: &StoreSettings) -> StoreResult<Opene
     }
 }
 
-/// The URL without a password, for error messages.
+/// The URL without any password it carries, for messages and logs: the
+/// one after the user name and any `password` or `sslpassword` in the
+/// query string. A URL that cannot be parsed shows only its scheme.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let credentials = &url[scheme_end + 3..at];
-            match credentials.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme_end + 3],
-                    &credentials[..colon],
-                    &url[at..]
-                ),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
+    const SECRET_PARAMETERS: [&str; 3] = ["password", "sslpassword", "pass"];
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return match url.split_once("://") {
+            Some((scheme, _)) => format!("{scheme}://(a URL that cannot be read)"),
+            None => "(a URL that cannot be read)".to_owned(),
+        };
+    };
+    if parsed.password().is_some() {
+        // Fails only for URLs that cannot have a password at all.
+        let _ = parsed.set_password(Some("***"));
     }
+    if parsed.query().is_some() {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(name, value)| {
+                let secret = SECRET_PARAMETERS
+                    .iter()
+                    .any(|s| name.eq_ignore_ascii_case(s));
+                let value = if secret {
+                    "***".to_owned()
+                } else {
+                    value.into_owned()
+                };
+                (name.into_owned(), value)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_in_the_query_string_never_reach_messages() {
+        let shown = redact("postgres://saga@db/x?sslmode=require&password=hunter2&PassWord=x2");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("x2"),
+            "{shown}"
+        );
+        assert!(shown.contains("sslmode=require"), "{shown}");
+        let shown = redact("postgres://saga:hunter2@db/x?sslpassword=keypass");
+        assert_eq!(shown, "postgres://saga:***@db/x?sslpassword=***");
+        assert!(!redact("postgres://saga:hunter2@[bad").contains("hunter2"));
+    }
 
     #[test]
     fn passwords_never_reach_messages() {

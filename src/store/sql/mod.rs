@@ -871,6 +871,13 @@ where
             return Err(StoreError::PlanChanged);
         }
         let now = Utc::now();
+        if decision.to == ApprovalStatus::Approved && current.expires_at.is_some_and(|at| at <= now)
+        {
+            return Err(StoreError::Invalid(format!(
+                "approval {} passed its deadline before it was approved; nothing was sent",
+                current.id
+            )));
+        }
         if decision.to == ApprovalStatus::Approved && current.approvers_needed > 1 {
             let who = actor.to_string();
             match &current.first_approver {
