@@ -168,9 +168,21 @@ pub struct ServeArgs {
     /// The tools file (TOML) declaring every tool agents may call.
     #[arg(long, env = "SAGA_TOOLS")]
     pub tools: Option<PathBuf>,
-    /// Mark the session cookie `Secure` (serve behind HTTPS).
-    #[arg(long, env = "SAGA_SECURE_COOKIES", default_value_t = false)]
-    pub secure_cookies: bool,
+    /// The address people and agents reach the harness at (behind a proxy,
+    /// the proxy's): `https://…` turns on HSTS. Default: `http://` and the
+    /// bind address.
+    #[arg(long, env = "SAGA_PUBLIC_URL")]
+    pub public_url: Option<url::Url>,
+    /// Mark the session cookie `Secure` (and name it with the `__Host-`
+    /// prefix). Default: on, unless the public URL is plain HTTP on a
+    /// loopback address (a developer's own machine).
+    #[arg(
+        long,
+        env = "SAGA_SECURE_COOKIES",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub secure_cookies: Option<bool>,
     #[command(flatten)]
     pub limits: Limits,
     #[command(flatten)]

@@ -76,7 +76,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             store: Default::default(),
         },
         tools: None,
-        secure_cookies: false,
+        secure_cookies: None,
+        public_url: None,
         limits: Default::default(),
         operations: Default::default(),
     };

@@ -31,6 +31,8 @@ pub mod demo;
 #[cfg(feature = "ssr")]
 pub mod failpoint;
 #[cfg(feature = "ssr")]
+pub mod incident;
+#[cfg(feature = "ssr")]
 pub mod mcp;
 #[cfg(feature = "ssr")]
 pub mod ops;
@@ -44,6 +46,8 @@ pub mod sim;
 pub mod state;
 #[cfg(feature = "ssr")]
 pub mod store;
+#[cfg(feature = "ssr")]
+pub mod streams;
 
 #[cfg(feature = "hydrate")]
 #[wasm_bindgen::prelude::wasm_bindgen]

@@ -11,7 +11,7 @@ use crate::saga::store::StoreError;
 use crate::state::AppState;
 use crate::store::pooled_sessions::PooledSessions;
 use crate::store::{self, Opened};
-use crate::ui::{self, SessionUser, SESSION_USER_KEY};
+use crate::ui::{self, ScriptNonce, SessionUser, SESSION_USER_KEY};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, Method, StatusCode};
@@ -171,6 +171,7 @@ impl Application {
         tracing::info!(?resumed, "resumed from the saga log");
         let state = AppState {
             leptos_options: leptos_options(addr),
+            streams: crate::streams::Streams::new(store.clone()),
             store,
             registry,
             engine,
@@ -183,7 +184,8 @@ impl Application {
             slack_approvals,
         };
         let timeout = std::time::Duration::from_secs(args.limits.request_timeout_secs.max(1));
-        let router = router(state.clone(), &opened, args.secure_cookies).await?;
+        let browsers = BrowserPolicy::of(args.public_url.as_ref(), addr, args.secure_cookies);
+        let router = router(state.clone(), &opened, browsers).await?;
         Ok(Application {
             listener,
             metrics_listener,
@@ -266,6 +268,7 @@ impl Application {
             })
         });
         let recorder = tokio::spawn(record_each_minute(self.state.clone()));
+        let streams = tokio::spawn(self.state.streams.clone().poll());
         let notifier = self.state.slack_approvals.clone().map(|slack| {
             tokio::spawn(
                 crate::approvals::notifier::Notifier {
@@ -291,6 +294,7 @@ impl Application {
             Some(sweeper),
             Some(expirer),
             Some(recorder),
+            Some(streams),
             notifier,
             metrics_server,
         ];
@@ -331,19 +335,31 @@ const EXPIRE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// agent's own re-send usually settles it sooner).
 const STALE_AFTER: chrono::Duration = chrono::Duration::seconds(30);
 
-/// How often the dashboard's stream looks for new lines in the saga log.
-/// Polling the shared table (not an in-process channel) means changes made
-/// by any harness instance reach every open dashboard.
-const LIVE_POLL: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// The dashboard's live stream: one `change` event per new audit line (its
-/// id resumes the stream). Pages refetch what they show when it fires.
+/// The dashboard's live stream: one `change` event per batch of new audit
+/// lines (its id resumes the stream). Pages refetch what they show when it
+/// fires. Counted against the signed-in person (`crate::streams`).
 async fn live_changes(
     axum::extract::State(state): axum::extract::State<AppState>,
+    session: Session,
     headers: axum::http::HeaderMap,
 ) -> Response {
-    use axum::response::sse::{Event, KeepAlive, Sse};
-    let store = state.store.clone();
+    use crate::streams::Holder;
+    use axum::response::sse::{KeepAlive, Sse};
+    let person = match session.get::<SessionUser>(SESSION_USER_KEY).await {
+        Ok(Some(user)) => user.username,
+        Ok(None) => return StatusCode::UNAUTHORIZED.into_response(),
+        Err(err) => {
+            tracing::error!(%err, "reading the session for the dashboard stream");
+            return StatusCode::SERVICE_UNAVAILABLE.into_response();
+        }
+    };
+    let slot = match state.streams.open(Holder::Person(person)) {
+        Ok(slot) => slot,
+        Err(too_many) => {
+            return (StatusCode::TOO_MANY_REQUESTS, too_many.to_string()).into_response()
+        }
+    };
+    let batches = state.streams.subscribe();
     let start = match headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -351,7 +367,7 @@ async fn live_changes(
     {
         Some(id) => id,
         // A new listener wants changes from now on.
-        None => match store.recent_events(1).await {
+        None => match state.store.recent_events(1).await {
             Ok(events) => events.first().map(|e| e.id).unwrap_or(0),
             Err(err) => {
                 tracing::error!(%err, "starting the dashboard stream");
@@ -359,31 +375,71 @@ async fn live_changes(
             }
         },
     };
-    let stream = futures::stream::unfold(start, move |last| {
-        let store = store.clone();
-        async move {
-            loop {
-                match store.all_events_after(last, 200).await {
-                    Ok(events) if !events.is_empty() => {
-                        let newest = events.last().map(|e| e.id).unwrap_or(last);
-                        let event = Event::default()
-                            .id(newest.to_string())
-                            .event("change")
-                            .data(events.len().to_string());
-                        return Some((Ok::<_, std::convert::Infallible>(event), newest));
+    let changes = Changes {
+        last: start,
+        catching_up: true,
+        batches,
+        store: state.store.clone(),
+        slot,
+    };
+    let stream = futures::stream::unfold(changes, |mut changes| async move {
+        let event = changes.next().await?;
+        Some((Ok::<_, std::convert::Infallible>(event), changes))
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// The dashboard's changes: how many audit lines arrived since the last
+/// event, from the poller's batches (from the database when behind).
+struct Changes {
+    last: i64,
+    catching_up: bool,
+    batches: tokio::sync::broadcast::Receiver<Arc<Vec<crate::saga::model::Event>>>,
+    store: Arc<dyn crate::saga::store::SagaStore>,
+    slot: crate::streams::StreamSlot,
+}
+
+impl Changes {
+    async fn next(&mut self) -> Option<axum::response::sse::Event> {
+        use tokio::sync::broadcast::error::RecvError;
+        loop {
+            let fresh: Vec<i64> = if self.catching_up {
+                match self.store.all_events_after(self.last, 200).await {
+                    Ok(events) => {
+                        self.catching_up = events.len() == 200;
+                        events.iter().map(|e| e.id).collect()
                     }
-                    Ok(_) => tokio::time::sleep(LIVE_POLL).await,
                     Err(err) => {
                         tracing::error!(%err, "reading the saga log for the dashboard");
                         return None;
                     }
                 }
+            } else {
+                tokio::select! {
+                    () = self.slot.ended.cancelled() => return None,
+                    batch = self.batches.recv() => match batch {
+                        Ok(batch) => batch.iter().map(|e| e.id).filter(|id| *id > self.last).collect(),
+                        Err(RecvError::Lagged(_)) => {
+                            self.catching_up = true;
+                            continue;
+                        }
+                        Err(RecvError::Closed) => return None,
+                    },
+                }
+            };
+            if let Some(newest) = fresh.iter().max() {
+                self.last = *newest;
+                return Some(
+                    axum::response::sse::Event::default()
+                        .id(newest.to_string())
+                        .event("change")
+                        .data(fresh.len().to_string()),
+                );
             }
         }
-    });
-    Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    }
 }
 
 /// The tools file named by `--tools`, validated; none means no tools.
@@ -418,7 +474,54 @@ pub(crate) fn leptos_options(addr: SocketAddr) -> LeptosOptions {
 /// any correction a person writes, far less than what exhausts memory.
 const SERVER_FN_BODY_LIMIT: usize = 64 * 1024;
 
-async fn router(state: AppState, opened: &Opened, secure: bool) -> Result<Router, ServerError> {
+/// What browsers are told, from where they reach the harness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BrowserPolicy {
+    /// The session cookie is `Secure` and named with the `__Host-` prefix.
+    pub secure_cookies: bool,
+    /// Pages carry `Strict-Transport-Security` (served over HTTPS).
+    pub hsts: bool,
+}
+
+impl BrowserPolicy {
+    /// Secure cookies unless browsers reach the harness over plain HTTP
+    /// on a loopback address (a developer's machine, the demo), or the
+    /// operator says otherwise; HSTS when the public URL is HTTPS.
+    pub fn of(public_url: Option<&url::Url>, bind: SocketAddr, secure: Option<bool>) -> Self {
+        let (https, loopback) = match public_url {
+            Some(url) => (
+                url.scheme() == "https",
+                match url.host() {
+                    Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+                    Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                    Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                    None => false,
+                },
+            ),
+            None => (false, bind.ip().is_loopback()),
+        };
+        BrowserPolicy {
+            secure_cookies: secure.unwrap_or(https || !loopback),
+            hsts: https,
+        }
+    }
+
+    fn cookie_name(self) -> &'static str {
+        // `__Host-`: the browser keeps it only if Secure, for this host
+        // alone and the whole site, so no subdomain can set or shadow it.
+        if self.secure_cookies {
+            "__Host-saga_session"
+        } else {
+            "saga_session"
+        }
+    }
+}
+
+async fn router(
+    state: AppState,
+    opened: &Opened,
+    browsers: BrowserPolicy,
+) -> Result<Router, ServerError> {
     let routes = generate_route_list(ui::App);
     let app = Router::new()
         .merge(crate::ops::health::routes())
@@ -441,23 +544,23 @@ async fn router(state: AppState, opened: &Opened, secure: bool) -> Result<Router
         .layer(middleware::from_fn_with_state(state, require_sign_in))
         .layer(middleware::from_fn(limit_server_fn_bodies))
         .layer(middleware::from_fn(refuse_cross_site_posts))
-        .layer(middleware::from_fn(security_headers));
+        .layer(middleware::from_fn_with_state(browsers, security_headers));
     let expiry = Expiry::OnInactivity(tower_sessions::cookie::time::Duration::hours(8));
     let app = match opened {
         Opened::Sqlite(store) => {
             let sessions = SqliteSessions::new(store.session_pool());
             let migrated = sessions.migrate().await;
-            with_sessions(app, sessions, migrated, expiry, secure)
+            with_sessions(app, sessions, migrated, expiry, browsers)
         }
         Opened::Postgres(store) if store.behind_pooler() => {
             let sessions = PooledSessions::new(store.session_pool());
             let migrated = sessions.migrate().await;
-            with_sessions(app, sessions, migrated, expiry, secure)
+            with_sessions(app, sessions, migrated, expiry, browsers)
         }
         Opened::Postgres(store) => {
             let sessions = PgSessions::new(store.session_pool());
             let migrated = sessions.migrate().await;
-            with_sessions(app, sessions, migrated, expiry, secure)
+            with_sessions(app, sessions, migrated, expiry, browsers)
         }
     }?;
     // Outermost, so a request's span is the root of everything it causes.
@@ -476,14 +579,14 @@ fn with_sessions<S>(
     sessions: S,
     migrated: Result<(), impl std::fmt::Display>,
     expiry: Expiry,
-    secure: bool,
+    browsers: BrowserPolicy,
 ) -> Result<Router, ServerError>
 where
     S: tower_sessions::SessionStore + tower_sessions::session_store::ExpiredDeletion + Clone,
 {
     migrated.map_err(|e| ServerError::Sessions(e.to_string()))?;
     delete_expired_sessions(sessions.clone());
-    Ok(app.layer(session_layer(sessions, expiry, secure)))
+    Ok(app.layer(session_layer(sessions, expiry, browsers)))
 }
 
 /// Expired sessions are deleted from the table every few minutes, not
@@ -509,14 +612,15 @@ where
 fn session_layer<S: tower_sessions::SessionStore + Clone>(
     store: S,
     expiry: Expiry,
-    secure: bool,
+    browsers: BrowserPolicy,
 ) -> SessionManagerLayer<S> {
     SessionManagerLayer::new(store)
-        .with_name("saga_session")
+        .with_name(browsers.cookie_name())
         .with_expiry(expiry)
         .with_same_site(SameSite::Lax)
         .with_http_only(true)
-        .with_secure(secure)
+        .with_path("/")
+        .with_secure(browsers.secure_cookies)
 }
 
 /// One span per request: its method and route (the router's pattern, so
@@ -586,9 +690,17 @@ async fn limit_server_fn_bodies(request: Request<Body>, next: Next) -> Response 
 /// Headers on every response: no framing (the one-click Approve page must
 /// not be clickjacked), no MIME sniffing, no referrer to other sites, and
 /// nothing signed-in kept in caches.
-async fn security_headers(request: Request<Body>, next: Next) -> Response {
+async fn security_headers(
+    axum::extract::State(browsers): axum::extract::State<BrowserPolicy>,
+    mut request: Request<Body>,
+    next: Next,
+) -> Response {
     let is_static =
         request.uri().path().starts_with("/pkg/") || request.uri().path() == "/favicon.svg";
+    // A fresh nonce per page: the page's own inline scripts carry it (the
+    // shell hands it to Leptos), and no other inline script runs.
+    let nonce = ScriptNonce::new();
+    request.extensions_mut().insert(nonce.clone());
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
     let set =
@@ -598,13 +710,20 @@ async fn security_headers(request: Request<Body>, next: Next) -> Response {
     set(headers, header::X_FRAME_OPTIONS, "DENY");
     set(headers, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
     set(headers, header::REFERRER_POLICY, "same-origin");
-    // Framing, plugins, foreign form targets and base rewrites are refused;
-    // scripts stay Leptos's own (its hydration scripts are inline).
-    set(
-        headers,
-        header::CONTENT_SECURITY_POLICY,
-        "frame-ancestors 'none'; object-src 'none'; base-uri 'self'; form-action 'self'",
+    // Scripts come from this site, or inline with this page's nonce; the
+    // dashboard's wasm may be compiled. Framing, plugins, foreign form
+    // targets and base rewrites are refused.
+    let policy = format!(
+        "script-src 'self' 'nonce-{}' 'wasm-unsafe-eval'; frame-ancestors 'none'; \
+         object-src 'none'; base-uri 'self'; form-action 'self'",
+        nonce.0
     );
+    if let Ok(value) = axum::http::HeaderValue::from_str(&policy) {
+        headers.insert(header::CONTENT_SECURITY_POLICY, value);
+    }
+    if browsers.hsts {
+        set(headers, header::STRICT_TRANSPORT_SECURITY, "max-age=31536000");
+    }
     if !is_static {
         set(headers, header::CACHE_CONTROL, "no-store");
     }

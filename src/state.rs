@@ -30,6 +30,8 @@ pub struct AppState {
     pub draining: crate::ops::health::Draining,
     /// Approvals also asked for in Slack, when the tools file says so.
     pub slack_approvals: Option<Arc<crate::approvals::SlackApprovals>>,
+    /// Open event streams and their one poller.
+    pub streams: Arc<crate::streams::Streams>,
 }
 
 impl FromRef<AppState> for LeptosOptions {

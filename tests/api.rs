@@ -46,7 +46,8 @@ fn serve_args(url: &str, tools: std::path::PathBuf) -> ServeArgs {
             store: Default::default(),
         },
         tools: Some(tools),
-        secure_cookies: false,
+        secure_cookies: None,
+        public_url: None,
         limits: Default::default(),
         operations: Default::default(),
     }

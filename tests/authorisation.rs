@@ -1015,7 +1015,12 @@ async fn the_session_cookie_is_http_only_same_site_and_secure_behind_tls() {
             .to_str()
             .unwrap()
             .to_owned();
-        assert!(cookie.starts_with("saga_session="), "{cookie}");
+        let name = if secure {
+            "__Host-saga_session="
+        } else {
+            "saga_session="
+        };
+        assert!(cookie.starts_with(name), "{cookie}");
         assert!(cookie.contains("HttpOnly"), "{cookie}");
         assert!(cookie.contains("SameSite=Lax"), "{cookie}");
         assert_eq!(cookie.contains("Secure"), secure, "{cookie}");

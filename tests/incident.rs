@@ -52,7 +52,8 @@ async fn start_harness(database_url: &str, tools: PathBuf, token: Option<&str>) 
             store: Default::default(),
         },
         tools: Some(tools),
-        secure_cookies: false,
+        secure_cookies: None,
+        public_url: None,
         limits: Default::default(),
         operations: Default::default(),
     })

@@ -52,7 +52,8 @@ async fn start_with(db: common::TestDb, more: &str) -> Harness {
             store: Default::default(),
         },
         tools: Some(tools),
-        secure_cookies: false,
+        secure_cookies: None,
+        public_url: None,
         limits: Default::default(),
         operations: Default::default(),
     })
@@ -1086,6 +1087,49 @@ async fn an_undeclared_upstream_tool_is_irreversible_whatever_its_hints_say() {
             .any(|step| step["tool"] == "notes_purge_notes"),
         "the purge is in the saga log: {log}"
     );
+    client.cancel().await.unwrap();
+}
+
+/// The MCP gateway checks what the agent API checks, with the same
+/// words: no NUL character anywhere in the arguments, no pivot summary or
+/// unwind reason longer than the dashboard shows; refused before anything
+/// is written to the log.
+#[tokio::test]
+async fn the_gateway_refuses_what_the_agent_api_refuses_and_writes_nothing() {
+    let h = start(common::sqlite()).await;
+    let client = client(&format!("{}/mcp", h.base), &h.token, Some("checked")).await;
+    let words = |result: &CallToolResult| format!("{:?}", result.content);
+    let nul = call(
+        &client,
+        "create_ticket_draft",
+        json!({"subject": "kettle\u{0}", "body": "b"}),
+    )
+    .await;
+    assert_eq!(nul.is_error, Some(true));
+    assert!(words(&nul).contains("NUL character (U+0000)"), "{}", words(&nul));
+    let long = "x".repeat(2001);
+    let summary = call(
+        &client,
+        "saga_propose_pivot",
+        json!({"summary": long, "commit": []}),
+    )
+    .await;
+    assert_eq!(summary.is_error, Some(true));
+    assert!(
+        words(&summary).contains("`summary` is longer than 2000 characters"),
+        "{}",
+        words(&summary)
+    );
+    let reason = call(&client, "saga_unwind", json!({"reason": long})).await;
+    assert_eq!(reason.is_error, Some(true));
+    assert!(
+        words(&reason).contains("`reason` is longer than 2000 characters"),
+        "{}",
+        words(&reason)
+    );
+    let log = structured(&call(&client, "saga_run", json!({})).await);
+    assert_eq!(log["steps"], json!([]), "{log}");
+    assert!(h.state.store.pending_approvals().await.unwrap().is_empty());
     client.cancel().await.unwrap();
 }
 

@@ -67,7 +67,8 @@ async fn start(db: common::TestDb) -> Ops {
             store: db.settings(),
         },
         tools: Some(path),
-        secure_cookies: false,
+        secure_cookies: None,
+        public_url: None,
         limits: Default::default(),
         operations: saga_harness::config::Operations {
             metrics_bind: Some("127.0.0.1:0".parse().unwrap()),
@@ -452,6 +453,55 @@ async fn readiness_says_the_database_answers_and_is_current() {
     assert_eq!(body["database"], "ok", "{body}");
     assert_eq!(body["ready"], true, "{body}");
     assert!(body["tools"].as_u64().unwrap() > 0, "{body}");
+}
+
+/// An internal failure (here, tables the harness needs gone from under
+/// it) is told as one fixed sentence with an incident id; the database's
+/// own words stay in the log.
+#[tokio::test]
+async fn an_internal_failure_tells_only_that_it_failed_and_under_which_incident() {
+    use sqlx::Connection as _;
+    let db = common::sqlite();
+    let ops = start(db).await;
+    let token = saga_harness::auth::new_api_token();
+    ops.store
+        .add_api_token(AGENT, &saga_harness::auth::token_hash(&token), None)
+        .await
+        .unwrap();
+    let mut direct = sqlx::SqliteConnection::connect(&ops._db.url).await.unwrap();
+    for statement in [
+        "ALTER TABLE _sqlx_migrations RENAME TO hidden_migrations",
+        "ALTER TABLE runs RENAME TO hidden_runs",
+    ] {
+        sqlx::query(statement).execute(&mut direct).await.unwrap();
+    }
+    let ready = ops
+        .http
+        .get(format!("{}/readyz", ops.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    let text = ready.text().await.unwrap();
+    assert!(text.contains(r#""database":"unavailable""#), "{text}");
+    assert!(!text.contains("no such table"), "{text}");
+
+    let created = ops
+        .http
+        .post(format!("{}/api/v1/runs", ops.base))
+        .bearer_auth(&token)
+        .json(&json!({"purpose": "refund a double charge"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 500);
+    let body: Value = created.json().await.unwrap();
+    assert_eq!(body["code"], "internal", "{body}");
+    let incident = body["incident"].as_str().unwrap_or_default();
+    assert_eq!(incident.len(), 8, "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&format!("(incident {incident})")), "{body}");
+    assert!(!message.contains("no such table") && !message.contains("runs"), "{body}");
 }
 
 #[tokio::test]

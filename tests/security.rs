@@ -532,7 +532,105 @@ async fn every_page_carries_headers_that_stop_framing_sniffing_and_caching() {
         assert_eq!(headers["x-content-type-options"], "nosniff", "{path}");
         assert_eq!(headers["referrer-policy"], "same-origin", "{path}");
         assert_eq!(headers["cache-control"], "no-store", "{path}");
+        assert!(
+            headers.get("strict-transport-security").is_none(),
+            "no HSTS over plain HTTP: {path}"
+        );
     }
+}
+
+/// Only the page's own scripts run: the policy names scripts from this
+/// site and one nonce, made anew for each page, and every inline script
+/// the page carries has it.
+#[tokio::test]
+async fn inline_scripts_run_only_with_the_pages_own_nonce() {
+    let (_db, harness) = harness_with_people().await;
+    let lead = Dashboard::new();
+    lead.sign_in(&harness.base, "dana", PASSWORD).await;
+    let mut nonces = Vec::new();
+    for path in ["/login", "/", "/", "/corrections", "/audit"] {
+        let response = lead
+            .http
+            .get(format!("{}{path}", harness.base))
+            .send()
+            .await
+            .unwrap();
+        let csp = response.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let nonce = csp
+            .split("'nonce-")
+            .nth(1)
+            .and_then(|rest| rest.split('\'').next())
+            .unwrap_or_else(|| panic!("{path}: no nonce in {csp}"))
+            .to_owned();
+        assert!(
+            csp.starts_with("script-src 'self' 'nonce-"),
+            "{path}: {csp}"
+        );
+        let page = response.text().await.unwrap();
+        let scripts = page.matches("<script").count();
+        assert!(scripts > 0, "{path} has no script");
+        assert_eq!(
+            page.matches(&format!("<script type=\"module\" nonce=\"{nonce}\""))
+                .count()
+                + page.matches(&format!("<script nonce=\"{nonce}\"")).count(),
+            scripts,
+            "{path}: a script without this page's nonce:\n{page}"
+        );
+        nonces.push(nonce);
+    }
+    nonces.sort();
+    nonces.dedup();
+    assert_eq!(nonces.len(), 5, "a nonce was used twice");
+}
+
+/// Served at an HTTPS address, the session cookie is `Secure` with the
+/// `__Host-` prefix and pages carry HSTS; on a developer's loopback over
+/// plain HTTP it stays a plain cookie so sign-in works there.
+#[tokio::test]
+async fn behind_https_the_session_cookie_is_secure_host_only_and_pages_carry_hsts() {
+    let db = common::sqlite();
+    provision(&db.url, AGENT, &[("dana", "approver")]).await;
+    let launch =
+        Launch::new(&db.url, None).env("SAGA_PUBLIC_URL", "https://saga.example.com");
+    let harness = Harness::start(&launch).await;
+    let http = client();
+    let response = http
+        .post(format!("{}/api/login", harness.base))
+        .header("accept", "text/html")
+        .form(&[("username", "dana"), ("password", PASSWORD)])
+        .send()
+        .await
+        .unwrap();
+    let cookie = response.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(cookie.starts_with("__Host-saga_session="), "{cookie}");
+    for attribute in ["Secure", "HttpOnly", "Path=/", "SameSite=Lax"] {
+        assert!(cookie.contains(attribute), "{attribute} missing: {cookie}");
+    }
+    assert!(!cookie.contains("Domain"), "{cookie}");
+    let page = http
+        .get(format!("{}/login", harness.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        page.headers()["strict-transport-security"],
+        "max-age=31536000"
+    );
+
+    let (_db, local) = harness_with_people().await;
+    let response = http
+        .post(format!("{}/api/login", local.base))
+        .header("accept", "text/html")
+        .form(&[("username", "dana"), ("password", PASSWORD)])
+        .send()
+        .await
+        .unwrap();
+    let cookie = response.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(cookie.starts_with("saga_session="), "{cookie}");
+    assert!(!cookie.contains("Secure"), "{cookie}");
 }
 
 #[tokio::test]
@@ -1039,4 +1137,70 @@ async fn expired_sessions_are_deleted_from_the_table() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(harness);
+}
+
+/// One agent token holds at most eight event streams (past that, only that
+/// token is refused), and every stream of a token ends within seconds of
+/// its revocation by another process.
+#[tokio::test]
+async fn event_streams_are_capped_per_token_and_end_when_the_token_is_revoked() {
+    let Some(db) = common::postgres().await else {
+        return;
+    };
+    let token = provision(&db.url, AGENT, &[]).await;
+    let other = provision(&db.url, "other-bot", &[]).await;
+    let harness = Harness::start(&Launch::new(&db.url, None)).await;
+    // No overall timeout: the streams stay open.
+    let http = reqwest::Client::new();
+    let run = |token: String| {
+        let (http, base) = (http.clone(), harness.base.clone());
+        async move {
+            let created: Value = http
+                .post(format!("{base}/api/v1/runs"))
+                .bearer_auth(&token)
+                .json(&json!({"purpose": "watch a run"}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            created["run"]["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let (mine, theirs) = (run(token.clone()).await, run(other.clone()).await);
+    let open = |token: &str, run: &str| {
+        http.get(format!("{}/api/v1/runs/{run}/events", harness.base))
+            .bearer_auth(token)
+            .send()
+    };
+    let mut streams = Vec::new();
+    for _ in 0..8 {
+        let stream = open(&token, &mine).await.unwrap();
+        assert_eq!(stream.status(), 200);
+        streams.push(stream);
+    }
+    let refused = open(&token, &mine).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "too_many_streams", "{body}");
+    let theirs = open(&other, &theirs).await.unwrap();
+    assert_eq!(theirs.status(), 200, "another token is not shut out");
+
+    let revoked = command(&db.url, &["token", "revoke", "--agent", AGENT]);
+    assert!(
+        revoked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoked.stderr)
+    );
+    let started = Instant::now();
+    for mut stream in streams {
+        let ended = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Ok(Some(_)) = stream.chunk().await {}
+        })
+        .await;
+        assert!(ended.is_ok(), "a revoked token's stream is still open");
+    }
+    println!("streams of a revoked token ended after {:?}", started.elapsed());
+    drop(theirs);
 }

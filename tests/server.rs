@@ -18,7 +18,8 @@ fn serve_args(url: &str, bind: SocketAddr, tools: Option<PathBuf>) -> ServeArgs 
             store: Default::default(),
         },
         tools,
-        secure_cookies: false,
+        secure_cookies: None,
+        public_url: None,
         limits: Default::default(),
         operations: Default::default(),
     }

@@ -95,7 +95,8 @@ async fn setup_with(
             store: db.settings(),
         },
         tools: Some(tools),
-        secure_cookies: false,
+        secure_cookies: None,
+        public_url: None,
         limits: Default::default(),
         operations: Default::default(),
     })

@@ -4,7 +4,9 @@
 //! thin: authenticate, parse, call the engine.
 
 use crate::auth::token_hash;
+use crate::incident::Incident;
 use crate::saga::engine::{CallOutcome, Refusal};
+use crate::saga::input::{self, InputMistake, MAX_LABEL_CHARS, MAX_NESTING, MAX_TEXT_CHARS};
 use crate::saga::model::{Actor, Approval, Bearer, NewRun, Run, Step};
 use crate::saga::pivot::PlannedCall;
 use crate::saga::store::StoreError;
@@ -133,6 +135,9 @@ pub struct ErrorBody {
     /// re-send unchanged.
     #[serde(skip_serializing_if = "Option::is_none")]
     step: Option<i64>,
+    /// For `internal`: the id the harness's log holds the cause under.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    incident: Option<String>,
 }
 
 /// Every error the API returns: a status, a stable code, a message that
@@ -143,6 +148,7 @@ pub struct ApiError {
     code: &'static str,
     message: String,
     step: Option<i64>,
+    incident: Option<String>,
 }
 
 impl ApiError {
@@ -152,16 +158,20 @@ impl ApiError {
             code,
             message: message.into(),
             step: None,
+            incident: None,
         }
     }
 
     fn internal(err: impl std::fmt::Display) -> Self {
-        tracing::error!(%err, "agent API request failed");
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "the harness could not complete this request; the details are in its log",
-        )
+        let incident = Incident::record("agent API request", &err);
+        ApiError {
+            incident: Some(incident.id().to_owned()),
+            ..ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                crate::incident::CODE,
+                incident.message(),
+            )
+        }
     }
 }
 
@@ -171,6 +181,7 @@ impl IntoResponse for ApiError {
             code: self.code.to_owned(),
             message: self.message,
             step: self.step,
+            incident: self.incident,
         };
         (self.status, Json(body)).into_response()
     }
@@ -256,22 +267,16 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
                     format!("the body is over {} KiB", MAX_BODY_BYTES / 1024),
                 )
             })?;
+        // Measured on the text, before parsing: a deep body is refused
+        // before it costs a parse.
         if nesting_depth(&bytes) > MAX_NESTING {
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_body",
-                format!("the body nests objects and arrays deeper than {MAX_NESTING} levels"),
-            ));
+            return Err(invalid_body(InputMistake::TooDeep));
         }
         let request = Request::from_parts(parts, axum::body::Body::from(bytes.clone()));
         match Json::<T>::from_request(request, state).await {
             Ok(Json(value)) => {
-                if serde_json::from_slice::<Value>(&bytes).is_ok_and(|v| has_nul(&v)) {
-                    return Err(ApiError::new(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        "invalid_body",
-                        "text cannot contain the NUL character (U+0000)",
-                    ));
+                if serde_json::from_slice::<Value>(&bytes).is_ok_and(|v| input::has_nul(&v)) {
+                    return Err(invalid_body(InputMistake::Nul));
                 }
                 Ok(Body(value))
             }
@@ -292,10 +297,6 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
         }
     }
 }
-
-/// How deeply a body may nest: tool arguments are records, not trees, and
-/// the stored plan wraps them a few levels deeper still.
-const MAX_NESTING: usize = 32;
 
 /// The deepest nesting of `[` and `{` in a JSON text, outside strings.
 fn nesting_depth(json: &[u8]) -> usize {
@@ -318,33 +319,17 @@ fn nesting_depth(json: &[u8]) -> usize {
     deepest
 }
 
-/// The longest a run's label, purpose, a pivot's summary or an unwind's
-/// reason may be: each is shown on dashboard pages, and an agent must not
-/// decide how big those get.
-const MAX_LABEL_CHARS: usize = 200;
-const MAX_TEXT_CHARS: usize = 2000;
-
 /// Refuses a text field over its length with a 422 naming the field.
 fn within(field: &str, text: &str, max: usize) -> Result<(), ApiError> {
-    if text.chars().count() > max {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_body",
-            format!("`{field}` is longer than {max} characters"),
-        ));
-    }
-    Ok(())
+    input::within(field, text, max).map_err(invalid_body)
 }
 
-/// Whether any string (or key) holds U+0000, which PostgreSQL cannot store
-/// in text or JSON: refused on every backend alike.
-fn has_nul(value: &Value) -> bool {
-    match value {
-        Value::String(text) => text.contains('\0'),
-        Value::Array(items) => items.iter().any(has_nul),
-        Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
-        _ => false,
-    }
+fn invalid_body(mistake: InputMistake) -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_body",
+        mistake.to_string(),
+    )
 }
 
 fn unauthorized(message: &str) -> ApiError {
@@ -389,6 +374,26 @@ impl FromRequestParts<AppState> for Agent {
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
         look_up_agent(state, bearer_hash(parts)?).await.map(Agent)
+    }
+}
+
+/// An agent opening an event stream, with its token's hash: the stream is
+/// counted against the token and ends when the token is revoked.
+pub struct StreamingAgent {
+    agent: String,
+    token_hash: String,
+}
+
+impl FromRequestParts<AppState> for StreamingAgent {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let token_hash = bearer_hash(parts)?;
+        let agent = look_up_agent(state, token_hash.clone()).await?;
+        Ok(StreamingAgent { agent, token_hash })
     }
 }
 
@@ -777,11 +782,6 @@ struct ToolView {
     schema: Option<Value>,
 }
 
-/// How often the event stream looks for new events. Polling the audit
-/// trail (rather than an in-process channel) means events written by any
-/// harness instance sharing the database reach every listener.
-const EVENT_POLL: std::time::Duration = std::time::Duration::from_millis(250);
-
 /// Server-sent events: the run's audit trail as it grows, for agents that
 /// wait on an approval and for the dashboard. `Last-Event-ID` resumes after
 /// a reconnect.
@@ -791,47 +791,111 @@ const EVENT_POLL: std::time::Duration = std::time::Duration::from_millis(250);
         (status = 400, description = "Not a run id", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody)))]
 async fn events(
     State(state): State<AppState>,
-    Agent(agent): Agent,
+    caller: StreamingAgent,
     RunPath(raw): RunPath,
     headers: axum::http::HeaderMap,
 ) -> Result<impl IntoResponse, ApiError> {
+    use crate::streams::Holder;
     use axum::response::sse::{Event, KeepAlive, Sse};
-    let run = state.engine.agents_run(&agent, run_id(&raw)?).await?;
+    let run = state
+        .engine
+        .agents_run(&caller.agent, run_id(&raw)?)
+        .await?;
+    let slot = state
+        .streams
+        .open(Holder::Token(caller.token_hash))
+        .map_err(|too_many| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_streams",
+                too_many.to_string(),
+            )
+        })?;
     let after = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<i64>().ok())
         .unwrap_or(0);
-    let store = state.store.clone();
-    let stream = futures::stream::unfold((after, Vec::new()), move |(mut last, mut pending)| {
-        let store = store.clone();
-        async move {
-            loop {
-                if let Some(next) = pending.pop() {
-                    let event: crate::saga::model::Event = next;
-                    last = event.id;
-                    let sse = Event::default()
-                        .id(event.id.to_string())
-                        .event(event.entity.clone())
-                        .json_data(&event)
-                        .unwrap_or_else(|_| Event::default().comment("unserialisable event"));
-                    return Some((Ok::<_, std::convert::Infallible>(sse), (last, pending)));
-                }
-                match store.events_after(run.id, last, 100).await {
-                    Ok(mut fresh) if !fresh.is_empty() => {
-                        fresh.reverse();
-                        pending = fresh;
-                    }
-                    Ok(_) => tokio::time::sleep(EVENT_POLL).await,
+    // Subscribed before the backlog is read, so no line falls between.
+    let lines = RunLines {
+        run: run.id,
+        last: after,
+        pending: Vec::new(),
+        catching_up: true,
+        batches: state.streams.subscribe(),
+        store: state.store.clone(),
+        slot,
+    };
+    let stream = futures::stream::unfold(lines, |mut lines| async move {
+        let event = lines.next().await?;
+        let sse = Event::default()
+            .id(event.id.to_string())
+            .event(event.entity.clone())
+            .json_data(&event)
+            .unwrap_or_else(|_| Event::default().comment("unserialisable event"));
+        Some((Ok::<_, std::convert::Infallible>(sse), lines))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// One run's audit lines for its agent's stream: the backlog from the
+/// database, then the poller's batches (the database again if the stream
+/// fell too far behind). Ends when the agent's token is revoked.
+struct RunLines {
+    run: Uuid,
+    last: i64,
+    /// Newest last, so the next line is `pop`ped.
+    pending: Vec<crate::saga::model::Event>,
+    catching_up: bool,
+    batches: tokio::sync::broadcast::Receiver<std::sync::Arc<Vec<crate::saga::model::Event>>>,
+    store: std::sync::Arc<dyn crate::saga::store::SagaStore>,
+    slot: crate::streams::StreamSlot,
+}
+
+impl RunLines {
+    const PAGE: i64 = 100;
+
+    async fn next(&mut self) -> Option<crate::saga::model::Event> {
+        use tokio::sync::broadcast::error::RecvError;
+        loop {
+            if self.slot.ended.is_cancelled() {
+                return None;
+            }
+            if let Some(event) = self.pending.pop() {
+                self.last = event.id;
+                return Some(event);
+            }
+            if self.catching_up {
+                let mut page = match self.store.events_after(self.run, self.last, Self::PAGE).await {
+                    Ok(page) => page,
                     Err(err) => {
                         tracing::error!(%err, "reading events for a stream");
                         return None;
                     }
-                }
+                };
+                self.catching_up = page.len() as i64 == Self::PAGE;
+                page.reverse();
+                self.pending = page;
+                continue;
+            }
+            tokio::select! {
+                () = self.slot.ended.cancelled() => return None,
+                batch = self.batches.recv() => match batch {
+                    Ok(batch) => {
+                        let (run, last) = (self.run, self.last);
+                        self.pending = batch
+                            .iter()
+                            .rev()
+                            .filter(|e| e.run_id == Some(run) && e.id > last)
+                            .cloned()
+                            .collect();
+                    }
+                    Err(RecvError::Lagged(_)) => self.catching_up = true,
+                    Err(RecvError::Closed) => return None,
+                },
             }
         }
-    });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    }
 }
 
 #[cfg(test)]

@@ -143,7 +143,7 @@ async fn decision(engine: &Engine, slack: &SlackApprovals, press: &Press) -> Res
     let user = match engine.store().credentials(username).await {
         Ok(Some(credentials)) => credentials.user,
         Ok(None) => return Err(format!("{cannot}: the dashboard has no user {username}.")),
-        Err(err) => return Err(format!("The harness could not check who you are: {err}.")),
+        Err(err) => return Err(crate::incident::Incident::record("Slack decision", &err).message()),
     };
     if !user.role.can_decide() {
         return Err(format!(
@@ -155,7 +155,7 @@ async fn decision(engine: &Engine, slack: &SlackApprovals, press: &Press) -> Res
     let approval = match engine.store().approval(approval_id).await {
         Ok(Some(approval)) => approval,
         Ok(None) => return Err("That approval no longer exists.".into()),
-        Err(err) => return Err(format!("The harness could not read the approval: {err}.")),
+        Err(err) => return Err(crate::incident::Incident::record("Slack decision", &err).message()),
     };
     let person = Actor::User(user.username.clone());
     let decided = match approval.kind {
@@ -175,6 +175,9 @@ async fn decision(engine: &Engine, slack: &SlackApprovals, press: &Press) -> Res
         Refusal::Store(StoreError::IllegalTransition(_)) => {
             "This approval was already decided; the message shows how.".to_owned()
         }
-        other => format!("The decision did not go through: {other}."),
+        other => format!(
+            "The decision did not go through: {}",
+            crate::incident::refusal_words("Slack decision", &other)
+        ),
     })
 }

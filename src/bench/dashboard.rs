@@ -132,6 +132,7 @@ impl Dashboard {
         ));
         let state = AppState {
             leptos_options: crate::server::leptos_options(([127, 0, 0, 1], 0).into()),
+            streams: crate::streams::Streams::new(store.clone()),
             store,
             registry,
             engine,

@@ -49,7 +49,8 @@ impl FullPath {
                 store: Default::default(),
             },
             tools: None,
-            secure_cookies: false,
+            secure_cookies: None,
+            public_url: None,
             limits: Default::default(),
             operations: Default::default(),
         };

@@ -24,6 +24,7 @@ pub mod upstream;
 
 use crate::saga::class::{Phase, ToolClass};
 use crate::saga::engine::{CallOutcome, Engine, OutcomeKind, Refusal};
+use crate::saga::input;
 use crate::saga::model::{plan_edits, Actor, Approval, NewRun, Step};
 use crate::saga::pivot::PlannedCall;
 use crate::saga::registry::{Registry, ToolSpec};
@@ -164,9 +165,10 @@ impl Gateway {
     /// The run this client named, created on first use (and remembered:
     /// a run's label and agent never change).
     async fn run_of(&self, agent: &str, label: &str) -> Result<Uuid, String> {
-        if label.chars().count() > 200 {
-            return Err("the run label is longer than 200 characters".to_owned());
+        if label.contains('\0') {
+            return Err(input::InputMistake::Nul.to_string());
         }
+        input::within("run label", label, input::MAX_LABEL_CHARS).map_err(|m| m.to_string())?;
         let named = (agent.to_owned(), label.to_owned());
         if let Some(id) = self
             .runs
@@ -184,7 +186,7 @@ impl Gateway {
                 purpose: format!("MCP client run {label:?}"),
             })
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| crate::incident::store_words("MCP tool call", &e))?;
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
         if runs.len() >= KNOWN_RUNS {
             runs.clear();
@@ -269,7 +271,7 @@ impl Gateway {
         let standing = match run.pivot_approval_id {
             Some(id) => match self.store().approval(id).await {
                 Ok(approval) => approval.filter(|a| a.status != ApprovalStatus::Superseded),
-                Err(e) => return refused(&e.to_string()),
+                Err(e) => return refused(&crate::incident::store_words("MCP tool call", &e)),
             },
             None => None,
         };
@@ -287,6 +289,11 @@ impl Gateway {
                         ))
                     }
                 };
+                if let Err(mistake) =
+                    input::within("summary", &proposal.summary, input::MAX_TEXT_CHARS)
+                {
+                    return refused(&mistake.to_string());
+                }
                 match self
                     .engine
                     .propose_pivot(agent, run_id, &proposal.summary, proposal.commit)
@@ -417,6 +424,9 @@ impl Gateway {
             .unwrap_or_default();
         if reason.is_empty() {
             return refused("say why the run is unwound: `reason` cannot be empty");
+        }
+        if let Err(mistake) = input::within("reason", reason, input::MAX_TEXT_CHARS) {
+            return refused(&mistake.to_string());
         }
         let unwound = match self.engine.agents_run(agent, run_id).await {
             // Already taken back, or waiting on a person: read, not redo.
@@ -556,6 +566,10 @@ impl ServerHandler for Gateway {
             .into());
         };
         let args = Value::Object(request.arguments.unwrap_or_default());
+        // The agent API's own checks: one rule for both front doors.
+        if let Err(mistake) = input::check_value(&args) {
+            return Ok(refused(&mistake.to_string()).into());
+        }
         let (answer, run_id) = self.call(&caller, &label, &request.name, args).await;
         if ctx.ct.is_cancelled() {
             // The client gave up after the engine answered and before the
@@ -635,7 +649,10 @@ impl ServerHandler for Gateway {
                     .store()
                     .steps(run.id)
                     .await
-                    .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+                    .map_err(|e| {
+                        let incident = crate::incident::Incident::record("MCP task read", &e);
+                        McpError::internal_error(incident.message(), None)
+                    })?;
                 let step = steps
                     .into_iter()
                     .find(|s| s.step_idx == *step_idx && s.tool == *tool)
@@ -988,7 +1005,7 @@ fn refusal_words(refusal: &Refusal) -> String {
                     .to_owned()
             }
         }
-        other => other.to_string(),
+        other => crate::incident::refusal_words("MCP tool call", other),
     }
 }
 

@@ -269,7 +269,17 @@ impl Connector for Upstream {
         };
         let peer = match self.peer().await {
             Ok(peer) => peer,
-            Err(reason) => return CallReport::NotSent { reason },
+            Err(reason) => {
+                // The reason may name the server's URL, which may carry a
+                // token: the operator's log has it, the agent does not.
+                tracing::warn!(server = %self.name, %reason, "cannot reach an upstream MCP server");
+                return CallReport::NotSent {
+                    reason: format!(
+                        "the upstream MCP server `{}` could not be reached; the details are in the harness's log",
+                        self.name
+                    ),
+                };
+            }
         };
         let mut params = CallToolRequestParams::new(tool.to_owned());
         if let Value::Object(args) = args {
@@ -371,9 +381,12 @@ fn report_of_error(error: &ServiceError) -> CallReport {
             idempotency_conflict: false,
         },
         ServiceError::Timeout { .. } => CallReport::TimedOut,
-        ServiceError::TransportSend(error) if refused_connection(error) => CallReport::NotSent {
-            reason: format!("the MCP server refused the connection: {error}"),
-        },
+        ServiceError::TransportSend(error) if refused_connection(error) => {
+            tracing::warn!(%error, "an upstream MCP server refused the connection");
+            CallReport::NotSent {
+                reason: "the upstream MCP server refused the connection".to_owned(),
+            }
+        }
         _ => CallReport::ResetAfterSend,
     }
 }

@@ -40,9 +40,13 @@ async fn readiness(State(state): State<AppState>) -> Response {
     let database = state.opened.readiness().await;
     let draining = state.draining.is_draining();
     let ready = database.is_ok() && !draining;
+    // Why not is for the operator's log; whoever asks only learns whether.
+    if let Err(reason) = &database {
+        tracing::warn!(%reason, "not ready: the database does not answer");
+    }
     let body = json!({
         "ready": ready,
-        "database": database.as_ref().map(|()| "ok").unwrap_or_else(|e| e.as_str()),
+        "database": if database.is_ok() { "ok" } else { "unavailable" },
         "tools": tools,
         "shutting_down": draining,
     });

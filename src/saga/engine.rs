@@ -224,6 +224,11 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// A failure inside the harness rather than a refusal of the request.
+    pub fn is_internal(&self) -> bool {
+        matches!(self, Refusal::Store(err) if err.is_internal())
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             Refusal::RunNotFound => "run_not_found",

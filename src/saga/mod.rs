@@ -3,6 +3,7 @@
 //! storage, API, UI and connectors depend on it, never the reverse.
 
 pub mod class;
+pub mod input;
 pub mod status;
 pub mod words;
 

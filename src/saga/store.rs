@@ -50,6 +50,14 @@ pub enum StoreError {
     Database(String),
 }
 
+impl StoreError {
+    /// A failure of the harness's own storage, not of the request: its
+    /// words are for the log, never for whoever asked.
+    pub fn is_internal(&self) -> bool {
+        matches!(self, StoreError::Database(_) | StoreError::Corrupt(_))
+    }
+}
+
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// Which backend a store runs on (for messages and metrics).

@@ -38,6 +38,14 @@ pub struct SessionUser {
 }
 
 pub fn shell(options: LeptosOptions) -> impl IntoView {
+    // The page's inline scripts carry the nonce its Content-Security-Policy
+    // names (set per request by the server's security headers).
+    #[cfg(feature = "ssr")]
+    if let Some(nonce) = use_context::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<ScriptNonce>().cloned())
+    {
+        provide_context(leptos::nonce::Nonce::from_value(nonce.0));
+    }
     view! {
         <!DOCTYPE html>
         <html lang="en">
@@ -52,6 +60,26 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <App/>
             </body>
         </html>
+    }
+}
+
+/// The nonce of one page's inline scripts (`script-src 'nonce-…'`): 128
+/// random bits, hex-encoded, made anew for every response.
+#[cfg(feature = "ssr")]
+#[derive(Clone, Debug)]
+pub struct ScriptNonce(pub String);
+
+#[cfg(feature = "ssr")]
+impl ScriptNonce {
+    pub fn new() -> Self {
+        ScriptNonce(hex::encode(rand::random::<[u8; 16]>()))
+    }
+}
+
+#[cfg(feature = "ssr")]
+impl Default for ScriptNonce {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -560,7 +588,7 @@ pub mod ssr {
 
     /// Sends the browser back to `page` with what happened in words, kept
     /// in the session for that page to show once.
-    pub async fn back_to<T: std::fmt::Display, E: std::fmt::Display>(
+    pub async fn back_to<T: std::fmt::Display, E: crate::incident::Told>(
         page: &str,
         done: Result<T, E>,
     ) {
@@ -572,7 +600,7 @@ pub mod ssr {
             },
             Err(refusal) => super::Flash {
                 error: true,
-                text: refusal.to_string(),
+                text: refusal.told("dashboard decision"),
             },
         };
         match session().await {
@@ -604,10 +632,7 @@ pub mod ssr {
 
     /// Logs the cause and tells the client only that something failed.
     pub fn internal(err: impl std::fmt::Display) -> ServerFnError {
-        tracing::error!(%err, "dashboard request failed");
-        ServerFnError::new(
-            "The server could not complete this request; the details are in its log.",
-        )
+        ServerFnError::new(crate::incident::Incident::record("dashboard request", &err).message())
     }
 
     /// "3 min", "2 h", "5 d".

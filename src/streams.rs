@@ -1,0 +1,203 @@
+//! Event streams (an agent's run events, a person's live dashboard) served
+//! from one poller. The poller reads new audit lines for every open stream
+//! at once, a query a tick however many streams are open, and hands each
+//! batch to the streams, which keep only their own. It reads the shared
+//! table, not an in-process channel, so lines written by any instance
+//! reach every stream.
+//!
+//! Bounds, and who each shuts out: one agent token or one person holds at
+//! most `MAX_PER_HOLDER` streams at once; past it, only that token or that
+//! person is refused (`429`) until one of theirs closes. A token's streams
+//! end within `TOKEN_CHECK` of its revocation, by any process.
+
+use crate::saga::model::Event;
+use crate::saga::store::SagaStore;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+/// How often the poller looks for new audit lines.
+pub const POLL: Duration = Duration::from_millis(250);
+/// How often the tokens of open agent streams are checked.
+pub const TOKEN_CHECK: Duration = Duration::from_secs(1);
+/// Streams one token or one person may hold open at once.
+pub const MAX_PER_HOLDER: usize = 8;
+/// Batches a stream may fall behind before it reads from the database.
+const BACKLOG: usize = 64;
+/// Lines read a query.
+const PAGE: i64 = 500;
+
+/// Who holds a stream open.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub enum Holder {
+    /// An agent, by its bearer token's hash.
+    Token(String),
+    /// A person signed in to the dashboard, by username.
+    Person(String),
+}
+
+/// A holder with `MAX_PER_HOLDER` streams open already.
+#[derive(Debug, thiserror::Error)]
+#[error("{MAX_PER_HOLDER} event streams are open for this {0} already; close one first")]
+pub struct TooManyStreams(&'static str);
+
+struct Held {
+    open: usize,
+    /// Cancelled when the holder may no longer stream (a revoked token).
+    ended: CancellationToken,
+}
+
+pub struct Streams {
+    store: Arc<dyn SagaStore>,
+    batches: broadcast::Sender<Arc<Vec<Event>>>,
+    held: Mutex<HashMap<Holder, Held>>,
+}
+
+/// One open stream's place, given back when the stream is dropped.
+pub struct StreamSlot {
+    holder: Holder,
+    streams: Arc<Streams>,
+    /// Cancelled when the stream must end.
+    pub ended: CancellationToken,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut held = self.streams.lock();
+        if let Some(entry) = held.get_mut(&self.holder) {
+            entry.open -= 1;
+            if entry.open == 0 {
+                held.remove(&self.holder);
+            }
+        }
+    }
+}
+
+impl Streams {
+    pub fn new(store: Arc<dyn SagaStore>) -> Arc<Streams> {
+        let (batches, _) = broadcast::channel(BACKLOG);
+        Arc::new(Streams {
+            store,
+            batches,
+            held: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Holder, Held>> {
+        // A poisoned map only means a panic elsewhere; its counts still hold.
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A place for one more stream of `holder`, if it has one left.
+    pub fn open(self: &Arc<Self>, holder: Holder) -> Result<StreamSlot, TooManyStreams> {
+        let mut held = self.lock();
+        let entry = held.entry(holder.clone()).or_insert_with(|| Held {
+            open: 0,
+            ended: CancellationToken::new(),
+        });
+        if entry.open >= MAX_PER_HOLDER {
+            return Err(TooManyStreams(match holder {
+                Holder::Token(_) => "token",
+                Holder::Person(_) => "person",
+            }));
+        }
+        entry.open += 1;
+        let ended = entry.ended.child_token();
+        drop(held);
+        Ok(StreamSlot {
+            holder,
+            streams: self.clone(),
+            ended,
+        })
+    }
+
+    /// New audit lines, a batch at a time, from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Vec<Event>>> {
+        self.batches.subscribe()
+    }
+
+    /// Streams open now, by all holders.
+    pub fn open_count(&self) -> usize {
+        self.lock().values().map(|h| h.open).sum()
+    }
+
+    /// The poller: runs until the server stops. An outage of the database
+    /// is logged once, when it begins, and once when it ends.
+    pub async fn poll(self: Arc<Self>) {
+        let mut last: Option<i64> = None;
+        let mut failing = false;
+        let mut every = tokio::time::interval(POLL);
+        let mut tokens_checked = tokio::time::Instant::now();
+        loop {
+            every.tick().await;
+            let read = self.read_new(&mut last).await;
+            match (read, failing) {
+                (Ok(()), true) => {
+                    tracing::info!("event streams: the audit trail answers again");
+                    failing = false;
+                }
+                (Err(err), false) => {
+                    tracing::error!(%err, "event streams: cannot read the audit trail");
+                    failing = true;
+                }
+                _ => {}
+            }
+            if tokens_checked.elapsed() >= TOKEN_CHECK {
+                tokens_checked = tokio::time::Instant::now();
+                self.end_revoked().await;
+            }
+        }
+    }
+
+    /// Reads the lines after `last` and hands them out; the first read only
+    /// finds where the trail ends now.
+    async fn read_new(&self, last: &mut Option<i64>) -> Result<(), crate::saga::store::StoreError> {
+        let Some(after) = *last else {
+            let newest = self.store.recent_events(1).await?;
+            *last = Some(newest.first().map_or(0, |e| e.id));
+            return Ok(());
+        };
+        if self.batches.receiver_count() == 0 {
+            // Nobody listens: only keep up with where the trail ends.
+            let newest = self.store.recent_events(1).await?;
+            *last = Some(newest.first().map_or(after, |e| e.id.max(after)));
+            return Ok(());
+        }
+        let mut after = after;
+        loop {
+            let fresh = self.store.all_events_after(after, PAGE).await?;
+            let full = fresh.len() as i64 == PAGE;
+            if let Some(newest) = fresh.last() {
+                after = newest.id;
+                *last = Some(after);
+                // No receiver only means every stream closed meanwhile.
+                let _ = self.batches.send(Arc::new(fresh));
+            }
+            if !full {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Ends the streams of every token no longer valid.
+    async fn end_revoked(&self) {
+        let tokens: Vec<String> = self
+            .lock()
+            .keys()
+            .filter_map(|holder| match holder {
+                Holder::Token(hash) => Some(hash.clone()),
+                Holder::Person(_) => None,
+            })
+            .collect();
+        for hash in tokens {
+            // A token that cannot be checked now is checked again next time.
+            if let Ok(None) = self.store.agent_for_token(&hash).await {
+                if let Some(held) = self.lock().get(&Holder::Token(hash)) {
+                    held.ended.cancel();
+                }
+            }
+        }
+    }
+}
