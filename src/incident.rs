@@ -94,7 +94,10 @@ mod tests {
             "connection to postgres://saga:hunter2@db failed".into(),
         ));
         let words = refusal_words("test", &internal);
-        assert!(!words.contains("hunter2") && !words.contains("postgres"), "{words}");
+        assert!(
+            !words.contains("hunter2") && !words.contains("postgres"),
+            "{words}"
+        );
         assert!(words.contains("(incident "), "{words}");
         let mistake = Refusal::UnknownTool("refund_all".into());
         assert_eq!(refusal_words("test", &mistake), mistake.to_string());

@@ -267,6 +267,9 @@ impl Application {
                 }
             })
         });
+        // The first reading before the first request, so the operators'
+        // page counts everything this instance does.
+        record_minute(&self.state).await;
         let recorder = tokio::spawn(record_each_minute(self.state.clone()));
         let streams = tokio::spawn(self.state.streams.clone().poll());
         let notifier = self.state.slack_approvals.clone().map(|slack| {
@@ -314,14 +317,19 @@ impl Application {
 /// A reading of every figure a minute, from the start, for the operators'
 /// page's last hour.
 async fn record_each_minute(state: AppState) {
-    let mut minute = tokio::time::interval(std::time::Duration::from_secs(60));
+    let start = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut minute = tokio::time::interval_at(start, std::time::Duration::from_secs(60));
     minute.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         minute.tick().await;
-        let sources = crate::ops::metrics::Sources::of(&state);
-        if let Err(err) = state.metrics.record_minute(sources).await {
-            tracing::warn!(%err, "reading the figures for the operators' page");
-        }
+        record_minute(&state).await;
+    }
+}
+
+async fn record_minute(state: &AppState) {
+    let sources = crate::ops::metrics::Sources::of(state);
+    if let Err(err) = state.metrics.record_minute(sources).await {
+        tracing::warn!(%err, "reading the figures for the operators' page");
     }
 }
 
@@ -722,7 +730,11 @@ async fn security_headers(
         headers.insert(header::CONTENT_SECURITY_POLICY, value);
     }
     if browsers.hsts {
-        set(headers, header::STRICT_TRANSPORT_SECURITY, "max-age=31536000");
+        set(
+            headers,
+            header::STRICT_TRANSPORT_SECURITY,
+            "max-age=31536000",
+        );
     }
     if !is_static {
         set(headers, header::CACHE_CONTROL, "no-store");

@@ -8,7 +8,8 @@
 //! Bounds, and who each shuts out: one agent token or one person holds at
 //! most `MAX_PER_HOLDER` streams at once; past it, only that token or that
 //! person is refused (`429`) until one of theirs closes. A token's streams
-//! end within `TOKEN_CHECK` of its revocation, by any process.
+//! end within `HOLDER_CHECK` of its revocation, and a person's within
+//! `HOLDER_CHECK` of their removal, by any process.
 
 use crate::saga::model::Event;
 use crate::saga::store::SagaStore;
@@ -20,8 +21,9 @@ use tokio_util::sync::CancellationToken;
 
 /// How often the poller looks for new audit lines.
 pub const POLL: Duration = Duration::from_millis(250);
-/// How often the tokens of open agent streams are checked.
-pub const TOKEN_CHECK: Duration = Duration::from_secs(1);
+/// How often the holders of open streams are checked (a revoked token, a
+/// removed person).
+pub const HOLDER_CHECK: Duration = Duration::from_secs(1);
 /// Streams one token or one person may hold open at once.
 pub const MAX_PER_HOLDER: usize = 8;
 /// Batches a stream may fall behind before it reads from the database.
@@ -129,7 +131,7 @@ impl Streams {
         let mut last: Option<i64> = None;
         let mut failing = false;
         let mut every = tokio::time::interval(POLL);
-        let mut tokens_checked = tokio::time::Instant::now();
+        let mut holders_checked = tokio::time::Instant::now();
         loop {
             every.tick().await;
             let read = self.read_new(&mut last).await;
@@ -144,8 +146,8 @@ impl Streams {
                 }
                 _ => {}
             }
-            if tokens_checked.elapsed() >= TOKEN_CHECK {
-                tokens_checked = tokio::time::Instant::now();
+            if holders_checked.elapsed() >= HOLDER_CHECK {
+                holders_checked = tokio::time::Instant::now();
                 self.end_revoked().await;
             }
         }
@@ -181,20 +183,18 @@ impl Streams {
         }
     }
 
-    /// Ends the streams of every token no longer valid.
+    /// Ends the streams of every token no longer valid and every person
+    /// no longer in the dashboard's users.
     async fn end_revoked(&self) {
-        let tokens: Vec<String> = self
-            .lock()
-            .keys()
-            .filter_map(|holder| match holder {
-                Holder::Token(hash) => Some(hash.clone()),
-                Holder::Person(_) => None,
-            })
-            .collect();
-        for hash in tokens {
-            // A token that cannot be checked now is checked again next time.
-            if let Ok(None) = self.store.agent_for_token(&hash).await {
-                if let Some(held) = self.lock().get(&Holder::Token(hash)) {
+        let holders: Vec<Holder> = self.lock().keys().cloned().collect();
+        for holder in holders {
+            let gone = match &holder {
+                Holder::Token(hash) => matches!(self.store.agent_for_token(hash).await, Ok(None)),
+                Holder::Person(name) => matches!(self.store.credentials(name).await, Ok(None)),
+            };
+            // A holder that cannot be checked now is checked again next time.
+            if gone {
+                if let Some(held) = self.lock().get(&holder) {
                     held.ended.cancel();
                 }
             }

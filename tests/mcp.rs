@@ -1106,7 +1106,11 @@ async fn the_gateway_refuses_what_the_agent_api_refuses_and_writes_nothing() {
     )
     .await;
     assert_eq!(nul.is_error, Some(true));
-    assert!(words(&nul).contains("NUL character (U+0000)"), "{}", words(&nul));
+    assert!(
+        words(&nul).contains("NUL character (U+0000)"),
+        "{}",
+        words(&nul)
+    );
     let long = "x".repeat(2001);
     let summary = call(
         &client,

@@ -83,6 +83,13 @@ async fn start(db: common::TestDb) -> Ops {
     tokio::spawn(app.serve(async {
         let _ = stopped.await;
     }));
+    // Serving (and its first reading of the figures taken) before the
+    // test's first call.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reqwest::get(format!("{base}/healthz")).await.is_err() {
+        assert!(Instant::now() < deadline, "the server did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     Ops {
         base,
         metrics,
@@ -500,8 +507,14 @@ async fn an_internal_failure_tells_only_that_it_failed_and_under_which_incident(
     let incident = body["incident"].as_str().unwrap_or_default();
     assert_eq!(incident.len(), 8, "{body}");
     let message = body["message"].as_str().unwrap_or_default();
-    assert!(message.contains(&format!("(incident {incident})")), "{body}");
-    assert!(!message.contains("no such table") && !message.contains("runs"), "{body}");
+    assert!(
+        message.contains(&format!("(incident {incident})")),
+        "{body}"
+    );
+    assert!(
+        !message.contains("no such table") && !message.contains("runs"),
+        "{body}"
+    );
 }
 
 #[tokio::test]

@@ -593,8 +593,7 @@ async fn inline_scripts_run_only_with_the_pages_own_nonce() {
 async fn behind_https_the_session_cookie_is_secure_host_only_and_pages_carry_hsts() {
     let db = common::sqlite();
     provision(&db.url, AGENT, &[("dana", "approver")]).await;
-    let launch =
-        Launch::new(&db.url, None).env("SAGA_PUBLIC_URL", "https://saga.example.com");
+    let launch = Launch::new(&db.url, None).env("SAGA_PUBLIC_URL", "https://saga.example.com");
     let harness = Harness::start(&launch).await;
     let http = client();
     let response = http
@@ -604,7 +603,10 @@ async fn behind_https_the_session_cookie_is_secure_host_only_and_pages_carry_hst
         .send()
         .await
         .unwrap();
-    let cookie = response.headers()["set-cookie"].to_str().unwrap().to_owned();
+    let cookie = response.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     assert!(cookie.starts_with("__Host-saga_session="), "{cookie}");
     for attribute in ["Secure", "HttpOnly", "Path=/", "SameSite=Lax"] {
         assert!(cookie.contains(attribute), "{attribute} missing: {cookie}");
@@ -628,7 +630,10 @@ async fn behind_https_the_session_cookie_is_secure_host_only_and_pages_carry_hst
         .send()
         .await
         .unwrap();
-    let cookie = response.headers()["set-cookie"].to_str().unwrap().to_owned();
+    let cookie = response.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     assert!(cookie.starts_with("saga_session="), "{cookie}");
     assert!(!cookie.contains("Secure"), "{cookie}");
 }
@@ -1141,13 +1146,14 @@ async fn expired_sessions_are_deleted_from_the_table() {
 
 /// One agent token holds at most eight event streams (past that, only that
 /// token is refused), and every stream of a token ends within seconds of
-/// its revocation by another process.
+/// its revocation by another process; a person's live stream ends when
+/// they are removed.
 #[tokio::test]
 async fn event_streams_are_capped_per_token_and_end_when_the_token_is_revoked() {
     let Some(db) = common::postgres().await else {
         return;
     };
-    let token = provision(&db.url, AGENT, &[]).await;
+    let token = provision(&db.url, AGENT, &[("dana", "approver")]).await;
     let other = provision(&db.url, "other-bot", &[]).await;
     let harness = Harness::start(&Launch::new(&db.url, None)).await;
     // No overall timeout: the streams stay open.
@@ -1201,6 +1207,26 @@ async fn event_streams_are_capped_per_token_and_end_when_the_token_is_revoked() 
         .await;
         assert!(ended.is_ok(), "a revoked token's stream is still open");
     }
-    println!("streams of a revoked token ended after {:?}", started.elapsed());
+    println!(
+        "streams of a revoked token ended after {:?}",
+        started.elapsed()
+    );
     drop(theirs);
+
+    let dana = Dashboard::new();
+    dana.sign_in(&harness.base, "dana", PASSWORD).await;
+    let mut live = dana
+        .http
+        .get(format!("{}/dashboard/events", harness.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), 200);
+    let removed = command(&db.url, &["user", "remove", "--username", "dana"]);
+    assert!(removed.status.success());
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(Some(_)) = live.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "a removed person's stream is still open");
 }

@@ -277,6 +277,134 @@ async fn paused_owner(db: common::TestDb) {
     );
 }
 
+/// A system the frozen instance's call goes to, and how to count what it
+/// received and what it made.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    /// The warehouse: native idempotency (the key is a header) and a
+    /// lookup.
+    Warehouse,
+    /// Jira: no idempotency of its own, only a search by the key's label,
+    /// which lags behind a new issue.
+    Jira,
+}
+
+impl Target {
+    fn call(self) -> Value {
+        match self {
+            Target::Warehouse => reship(),
+            Target::Jira => json!({"tool": "create_ticket", "step": 0,
+                "args": {"summary": "Lamp arrived broken", "description": "Order ord_1002"}}),
+        }
+    }
+
+    /// (requests received, effects made)
+    fn counts(self, sims: &Simulators) -> (usize, usize) {
+        match self {
+            Target::Warehouse => (
+                sims.warehouse
+                    .state
+                    .faults
+                    .requests_to("POST", "/v1/shipments"),
+                sims.warehouse.ledger().of("shipment.created").len(),
+            ),
+            Target::Jira => (
+                ["/rest/api/2/issue", "/rest/api/3/issue"]
+                    .iter()
+                    .map(|path| sims.jira.state.faults.requests_to("POST", path))
+                    .sum(),
+                sims.jira.ledger().of("issue.created").len(),
+            ),
+        }
+    }
+}
+
+/// Whether the process is stopped (SIGSTOP): its state in /proc is `T`.
+fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let after_name = stat.rsplit_once(')')?.1;
+            after_name.split_whitespace().next().map(|s| s == "T")
+        })
+        .unwrap_or(false)
+}
+
+/// An instance freezes (SIGSTOP, by a failpoint) right after its step's
+/// INTENDED row is committed and before its request leaves, for three
+/// lease lengths. Another instance takes the run over, finds nothing by
+/// lookup and makes the call. When the frozen one is continued, it finds
+/// by its own clock that its lease ran out, asks the database, learns the
+/// run is no longer its own and sends nothing: one request, one effect,
+/// also on a system with no idempotency of its own.
+async fn frozen_before_the_request_left(db: common::TestDb, target: Target) {
+    let (sims, _dir, tools) = simulators_and_tools().await;
+    let token = provision(&db.direct_url, AGENT, &[]).await;
+    let lease_ms = 1_000;
+    let mut launch = Launch::new(&db.url, Some(&tools))
+        .env("SAGA_RUN_LEASE_MS", &lease_ms.to_string())
+        .failpoint("dispatch.before_call:1:stop");
+    for (name, value) in db.env() {
+        launch = launch.env(&name, &value);
+    }
+    let frozen = Harness::start(&launch).await;
+    let other = spawn_harness(&db, &tools, Some(lease_ms)).await;
+    let http = reqwest::Client::new();
+    let run = new_run(&http, &frozen.base, &token, "frozen before sending").await;
+    let in_flight = tokio::spawn({
+        let (http, token) = (http.clone(), token.clone());
+        let url = format!("{}/api/v1/runs/{run}/calls", frozen.base);
+        async move { post(&http, url, &token, target.call()).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !is_stopped(frozen.pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the failpoint never froze the instance"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        target.counts(&sims),
+        (0, 0),
+        "nothing left before the freeze"
+    );
+    tokio::time::sleep(Duration::from_millis(3 * lease_ms)).await;
+    let (status, taken_over) = post(
+        &http,
+        format!("{}/api/v1/runs/{run}/calls", other.base),
+        &token,
+        target.call(),
+    )
+    .await;
+    assert_eq!(status, 200, "{taken_over}");
+    assert_eq!(taken_over["outcome"], "confirmed", "{taken_over}");
+    signal(frozen.pid, "-CONT");
+    let (status, late) = in_flight.await.unwrap();
+    assert_eq!(status, 409, "{late}");
+    assert_eq!(late["code"], "run_busy", "{late}");
+    assert_eq!(
+        target.counts(&sims),
+        (1, 1),
+        "{target:?}: one request and one effect for one step"
+    );
+    assert!(
+        frozen
+            .log_text()
+            .contains("taken over while this process was paused"),
+        "{}",
+        frozen.log_text()
+    );
+}
+
+async fn frozen_before_sending_to_the_warehouse(db: common::TestDb) {
+    frozen_before_the_request_left(db, Target::Warehouse).await;
+}
+
+async fn frozen_before_sending_to_jira(db: common::TestDb) {
+    frozen_before_the_request_left(db, Target::Jira).await;
+}
+
 fn signal(pid: u32, which: &str) {
     let status = std::process::Command::new("kill")
         .args([which, &pid.to_string()])
@@ -320,4 +448,10 @@ directly_and_through_pgbouncer! {
     paused_owner:
         postgres_an_instance_paused_past_its_lease_never_writes_over_the_log,
         pgbouncer_an_instance_paused_past_its_lease_never_writes_over_the_log;
+    frozen_before_sending_to_the_warehouse:
+        postgres_an_instance_frozen_before_its_request_left_sends_nothing_when_continued,
+        pgbouncer_an_instance_frozen_before_its_request_left_sends_nothing_when_continued;
+    frozen_before_sending_to_jira:
+        postgres_frozen_before_sending_to_a_system_without_idempotency_one_effect,
+        pgbouncer_frozen_before_sending_to_a_system_without_idempotency_one_effect;
 }

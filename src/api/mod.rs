@@ -219,7 +219,7 @@ impl From<Refusal> for ApiError {
             }
             // Another instance has a call of this run in flight: the agent
             // re-sends the same step shortly and reads its outcome.
-            Refusal::Store(StoreError::RunBusy { .. }) => {
+            Refusal::Store(StoreError::RunBusy { .. } | StoreError::LeaseLost) => {
                 return ApiError::new(
                     StatusCode::CONFLICT,
                     "run_busy",
@@ -866,7 +866,11 @@ impl RunLines {
                 return Some(event);
             }
             if self.catching_up {
-                let mut page = match self.store.events_after(self.run, self.last, Self::PAGE).await {
+                let mut page = match self
+                    .store
+                    .events_after(self.run, self.last, Self::PAGE)
+                    .await
+                {
                     Ok(page) => page,
                     Err(err) => {
                         tracing::error!(%err, "reading events for a stream");

@@ -645,14 +645,10 @@ impl ServerHandler for Gateway {
         let answer = match &held.step {
             None => self.call_in(&caller, run.id, PIVOT_TOOL, json!({})).await,
             Some((step_idx, tool)) => {
-                let steps = self
-                    .store()
-                    .steps(run.id)
-                    .await
-                    .map_err(|e| {
-                        let incident = crate::incident::Incident::record("MCP task read", &e);
-                        McpError::internal_error(incident.message(), None)
-                    })?;
+                let steps = self.store().steps(run.id).await.map_err(|e| {
+                    let incident = crate::incident::Incident::record("MCP task read", &e);
+                    McpError::internal_error(incident.message(), None)
+                })?;
                 let step = steps
                     .into_iter()
                     .find(|s| s.step_idx == *step_idx && s.tool == *tool)

@@ -69,6 +69,7 @@ impl Engine {
                         person,
                     )
                     .await?;
+                self.confirm_lease(correction.run_id).await?;
                 let outcome = self.send(&channel, &intended.idempotency_key, &args).await;
                 crate::failpoint::hit("correction.before_outcome");
                 self.store()

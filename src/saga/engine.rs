@@ -17,7 +17,7 @@ use super::model::*;
 use super::observe::{system_of, Observer, Settlement, SystemRequest, Unobserved};
 use super::registry::{Registry, ToolSpec};
 use super::status::{ApprovalStatus, RunStatus, StepStatus};
-use super::store::{ClaimedRead, RunClaim, SagaStore, StoreError};
+use super::store::{ClaimedRead, LeaseFence, RunClaim, SagaStore, StoreError};
 use serde::Serialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -336,8 +336,28 @@ impl RunLocks {
 
 /// Held while a run is worked on; dropping it lets the next caller in.
 pub(crate) struct RunGuard {
+    _fence: Option<FenceEntry>,
     _claim: Box<dyn RunClaim>,
     _local: tokio::sync::OwnedMutexGuard<()>,
+}
+
+/// The fences of the runs this process holds now, by run: a send looks
+/// its run's up just before the call leaves.
+type Fences = Arc<Mutex<HashMap<Uuid, Arc<dyn LeaseFence>>>>;
+
+/// A run's fence, known to sends while this is held.
+pub(crate) struct FenceEntry {
+    run_id: Uuid,
+    fences: Fences,
+}
+
+impl Drop for FenceEntry {
+    fn drop(&mut self) {
+        self.fences
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.run_id);
+    }
 }
 
 pub struct Engine {
@@ -352,6 +372,7 @@ pub struct Engine {
     hold_offs: super::resend::HoldOffs,
     /// The first pause before the engine sends a refused call again.
     first_resend_pause: std::time::Duration,
+    fences: Fences,
 }
 
 impl Engine {
@@ -368,6 +389,7 @@ impl Engine {
             observer: Arc::new(Unobserved),
             hold_offs: Default::default(),
             first_resend_pause: super::resend::FIRST_PAUSE,
+            fences: Default::default(),
         }
     }
 
@@ -490,6 +512,7 @@ impl Engine {
         let local = self.run_lock(run_id).lock_owned().await;
         let claim = self.store.claim_run(run_id).await?;
         Ok(RunGuard {
+            _fence: self.fence_while_held(run_id, claim.as_ref()),
             _claim: claim,
             _local: local,
         })
@@ -507,9 +530,40 @@ impl Engine {
             .try_claim_run(run_id)
             .await?
             .map(|claim| RunGuard {
+                _fence: self.fence_while_held(run_id, claim.as_ref()),
                 _claim: claim,
                 _local: local,
             }))
+    }
+
+    /// Makes the claim's fence known to this run's sends until the entry
+    /// is dropped.
+    fn fence_while_held(&self, run_id: Uuid, claim: &dyn RunClaim) -> Option<FenceEntry> {
+        let fence = claim.fence()?;
+        self.fences
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(run_id, fence);
+        Some(FenceEntry {
+            run_id,
+            fences: self.fences.clone(),
+        })
+    }
+
+    /// Just before a call of the run leaves: refuses (`LeaseLost`, nothing
+    /// sent, nothing written) when this process can no longer be sure the
+    /// run is still its own, as after a pause longer than its lease.
+    pub(crate) async fn confirm_lease(&self, run_id: Uuid) -> Result<(), Refusal> {
+        let fence = self
+            .fences
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&run_id)
+            .cloned();
+        match fence {
+            Some(fence) => Ok(fence.confirm().await?),
+            None => Ok(()),
+        }
     }
 
     fn run_lock(&self, run_id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
@@ -720,6 +774,7 @@ impl Engine {
         self.check_token(agent, token_to_check).await?;
         let claimed = self.store.claim_and_read(run_id).await?;
         let _serialised = RunGuard {
+            _fence: self.fence_while_held(run_id, claimed.claim.as_ref()),
             _claim: claimed.claim,
             _local: local,
         };
@@ -960,6 +1015,7 @@ impl Engine {
         else {
             return not_ready(true);
         };
+        let _fence = self.fence_while_held(run_id, claim.as_ref());
         self.locks().remember_owner(run_id, bearer.agent);
         tracing::Span::current().record("step", step);
         tracing::Span::current().record("key", key.as_str());
@@ -1250,6 +1306,7 @@ impl Engine {
         let spec = self.spec(&step.tool)?;
         let operation = &spec.connector;
         crate::failpoint::hit("dispatch.before_call");
+        self.confirm_lease(step.run_id).await?;
         let outcome = self
             .send(operation, &step.idempotency_key, &step.args)
             .await;

@@ -40,6 +40,11 @@ pub enum StoreError {
     /// in flight) and did not let go within the wait.
     #[error("another harness instance is working on this run (waited {waited_ms} ms)")]
     RunBusy { waited_ms: u64 },
+    /// This instance was paused past its lease on the run before a call
+    /// left: another instance may have taken the run over, so nothing was
+    /// sent and nothing written.
+    #[error("this harness instance lost its hold on the run (it was paused past its lease); nothing was sent")]
+    LeaseLost,
     /// The request cannot be stored as asked (says why).
     #[error("{0}")]
     Invalid(String),
@@ -67,10 +72,27 @@ pub enum Backend {
     Postgres,
 }
 
+/// A run's lease as its holder's own monotonic clock sees it: how long it
+/// is sure to hold the run without asking the database.
+#[async_trait]
+pub trait LeaseFence: Send + Sync {
+    /// `Ok` when this holder may still send a call of the run: its lease
+    /// has at least a renewal period left by its own clock (renewals keep
+    /// it so unless the process was paused), or renewing it now, in the
+    /// database, confirms the run is still this holder's. `LeaseLost`
+    /// otherwise.
+    async fn confirm(&self) -> StoreResult<()>;
+}
+
 /// Exclusive work on one run across every harness process sharing the
 /// database, until dropped. Holds no connection: on PostgreSQL a lease in
 /// the run's row, renewed while held.
 pub trait RunClaim: Send + Sync {
+    /// What a send checks first; `None` where one process owns the
+    /// database (SQLite) and no pause can hand the run to another.
+    fn fence(&self) -> Option<std::sync::Arc<dyn LeaseFence>> {
+        None
+    }
     /// The lease's token in the run's row, for a statement that gives the
     /// lease back with its own write; `None` when the claim holds nothing
     /// in the database.

@@ -322,6 +322,7 @@ impl Engine {
                     attempts += 1;
                     unsent = false;
                     crate::failpoint::hit("unwind.before_compensation_call");
+                    self.confirm_lease(row.run_id).await?;
                     let outcome = self.send(&operation, &row.idempotency_key, &row.args).await;
                     crate::failpoint::hit("unwind.before_compensation_outcome");
                     outcome

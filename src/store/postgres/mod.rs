@@ -31,7 +31,7 @@ use sqlx::{Connection as _, PgConnection, PgPool, Postgres};
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod step_writes;
@@ -313,12 +313,18 @@ pub struct LeaseClaim {
     run_id: uuid::Uuid,
     token: String,
     pool: PgPool,
+    /// Until when the lease is sure to hold, by this process's clock.
+    fence: Arc<Fence>,
     released: Released,
     renewal: tokio::task::JoinHandle<()>,
     /// A statement of the holder's already released the lease.
     given_back: bool,
 }
 impl crate::saga::store::RunClaim for LeaseClaim {
+    fn fence(&self) -> Option<Arc<dyn crate::saga::store::LeaseFence>> {
+        Some(self.fence.clone())
+    }
+
     fn lease_token(&self) -> Option<&str> {
         (!self.given_back).then_some(self.token.as_str())
     }
@@ -359,6 +365,82 @@ impl Drop for LeaseClaim {
                 released.remove(&run_id);
             }
         });
+    }
+}
+
+/// A lease as this process's monotonic clock sees it. The database's clock
+/// decides when a lease runs out for everyone else, so the holder counts
+/// conservatively on its own: from the moment it *sent* the statement that
+/// took or renewed the lease, never from the answer. No synchronised wall
+/// clocks are assumed, only that both clocks run at about the same rate.
+pub struct Fence {
+    run_id: uuid::Uuid,
+    renew_sql: String,
+    pool: PgPool,
+    lease: Duration,
+    state: Mutex<FenceState>,
+}
+
+struct FenceState {
+    /// The lease holds at least until then.
+    sure_until: tokio::time::Instant,
+    /// A renewal found the run in another holder's lease.
+    lost: bool,
+}
+
+impl Fence {
+    /// The lease was taken or renewed by a statement sent at `sent`.
+    fn renewed(&self, sent: tokio::time::Instant) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.sure_until = state.sure_until.max(sent + self.lease);
+    }
+
+    fn lose(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).lost = true;
+    }
+
+    /// Renews the lease now; `Ok(false)` when it is another holder's.
+    async fn renew(&self) -> Result<bool, sqlx::Error> {
+        let sent = tokio::time::Instant::now();
+        let done = sqlx::raw_sql(&self.renew_sql).execute(&self.pool).await?;
+        if done.rows_affected() == 1 {
+            self.renewed(sent);
+            Ok(true)
+        } else {
+            self.lose();
+            Ok(false)
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::saga::store::LeaseFence for Fence {
+    async fn confirm(&self) -> StoreResult<()> {
+        let margin = self.lease / 3;
+        {
+            let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if state.lost {
+                return Err(StoreError::LeaseLost);
+            }
+            if state
+                .sure_until
+                .saturating_duration_since(tokio::time::Instant::now())
+                >= margin
+            {
+                return Ok(());
+            }
+        }
+        // Less left than a renewal period: the process was paused (or the
+        // renewals failed). Only the database can say whose the run is now.
+        tracing::warn!(run_id = %self.run_id, "a run's lease is nearly out by this process's clock; confirming it before sending");
+        match self.renew().await {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                tracing::warn!(run_id = %self.run_id, "the run was taken over while this process was paused; nothing is sent");
+                Err(StoreError::LeaseLost)
+            }
+            Err(err) => Err(db(err)),
+        }
     }
 }
 
@@ -453,13 +535,14 @@ impl PostgresStore {
                 token: token.clone(),
                 pool: Some(self.pool.clone()),
             };
+            let sent = tokio::time::Instant::now();
             let rows = self.simple_query(&batch).await?;
             pending.pool = None;
             // The run's row comes back only with the lease.
             let read = Sql::<PostgresStore>::run_and_unsettled(&rows)?;
             if read.run.is_some() {
                 return Ok(crate::saga::store::ClaimedRun {
-                    claim: Box::new(self.lease_claim(run_id, token)),
+                    claim: Box::new(self.lease_claim(run_id, token, sent)),
                     read,
                 });
             }
@@ -497,25 +580,41 @@ impl PostgresStore {
         }
     }
 
-    /// A confirmed lease, renewed while held.
-    fn lease_claim(&self, run_id: uuid::Uuid, token: String) -> LeaseClaim {
+    /// A confirmed lease, taken by a statement sent at `sent`, renewed
+    /// while held.
+    fn lease_claim(
+        &self,
+        run_id: uuid::Uuid,
+        token: String,
+        sent: tokio::time::Instant,
+    ) -> LeaseClaim {
         let lease_ms = self.settings.run_lease_ms;
-        let renewal = tokio::spawn({
-            let pool = self.pool.clone();
-            let sql = format!(
+        let fence = Arc::new(Fence {
+            run_id,
+            renew_sql: format!(
                 "UPDATE runs SET lease_until = clock_timestamp() + interval '{lease_ms} milliseconds' \
                  WHERE id = '{run_id}' AND lease_owner = '{token}'"
-            );
+            ),
+            pool: self.pool.clone(),
+            lease: Duration::from_millis(lease_ms),
+            state: Mutex::new(FenceState {
+                sure_until: sent + Duration::from_millis(lease_ms),
+                lost: false,
+            }),
+        });
+        let renewal = tokio::spawn({
+            let fence = fence.clone();
             async move {
                 let every = Duration::from_millis(lease_ms / 3);
                 loop {
                     tokio::time::sleep(every).await;
-                    match sqlx::raw_sql(&sql).execute(&pool).await {
-                        Ok(done) if done.rows_affected() == 1 => {}
-                        Ok(_) => {
+                    match fence.renew().await {
+                        Ok(true) => {}
+                        Ok(false) => {
                             // Another instance took the run after the lease
-                            // ran out: this holder's outcome writes are
-                            // compare-and-sets and lose to whatever it did.
+                            // ran out: this holder sends nothing more, and
+                            // its outcome writes are compare-and-sets that
+                            // lose to whatever the other did.
                             tracing::warn!(%run_id, "a run's lease was lost while held");
                             return;
                         }
@@ -528,6 +627,7 @@ impl PostgresStore {
             run_id,
             token,
             pool: self.pool.clone(),
+            fence,
             released: self.released.clone(),
             renewal,
             given_back: false,
@@ -737,6 +837,7 @@ impl Dialect for PostgresStore {
             lease_owner: token.clone(),
             lease_ms: self.settings.run_lease_ms as i64,
         };
+        let sent = tokio::time::Instant::now();
         let written = self
             .writer
             .write(StepWrite::Intent(intent))
@@ -747,7 +848,10 @@ impl Dialect for PostgresStore {
         };
         let step = Sql::<PostgresStore>::step_from(&row)?;
         pending.pool = None;
-        Ok(Some((Box::new(self.lease_claim(run_id, token)), step)))
+        Ok(Some((
+            Box::new(self.lease_claim(run_id, token, sent)),
+            step,
+        )))
     }
 
     /// `settle_step` and, in the same statement, the lease given back if
