@@ -231,31 +231,30 @@ impl Application {
         let expiring = self.state.engine.clone();
         let expirer = tokio::spawn(async move {
             let mut every = tokio::time::interval(EXPIRE_EVERY);
+            let mut outage = Outage::new("expiring approvals past their deadline");
             loop {
                 every.tick().await;
-                if let Err(err) = expiring.expire_approvals().await {
-                    tracing::error!(%err, "expiring approvals past their deadline");
-                }
+                outage.after(expiring.expire_approvals().await);
             }
         });
         let sweeper = tokio::spawn(async move {
             let mut every = tokio::time::interval(SWEEP_EVERY);
+            let mut reconciling = Outage::new("reconciling steps left unknown");
+            let mut resuming = Outage::new("carrying on runs left behind");
             loop {
                 every.tick().await;
                 sign_ins.forget_old();
-                match engine.reconcile_stale(STALE_AFTER).await {
-                    Ok(0) => {}
-                    Ok(settled) => tracing::info!(settled, "reconciled steps left unknown"),
-                    Err(err) => tracing::error!(%err, "reconciling steps left unknown"),
+                if let Some(settled) = reconciling.after(engine.reconcile_stale(STALE_AFTER).await) {
+                    if settled > 0 {
+                        tracing::info!(settled, "reconciled steps left unknown");
+                    }
                 }
                 // Commits and unwinds an instance that stopped left behind,
                 // once their leases have run out.
-                match engine.resume_left_behind(STALE_AFTER).await {
-                    Ok(report) if report.committed + report.unwound > 0 => {
-                        tracing::info!(?report, "carried on runs another instance left behind")
+                if let Some(report) = resuming.after(engine.resume_left_behind(STALE_AFTER).await) {
+                    if report.committed + report.unwound > 0 {
+                        tracing::info!(?report, "carried on runs another instance left behind");
                     }
-                    Ok(_) => {}
-                    Err(err) => tracing::error!(%err, "carrying on runs left behind"),
                 }
             }
         });
@@ -316,6 +315,43 @@ impl Application {
 
 /// A reading of every figure a minute, from the start, for the operators'
 /// page's last hour.
+/// What a background task logs: an unreachable database once when the
+/// outage begins and once when it ends (not once a tick), anything else
+/// each time it happens.
+struct Outage {
+    task: &'static str,
+    down: bool,
+}
+
+impl Outage {
+    fn new(task: &'static str) -> Self {
+        Outage { task, down: false }
+    }
+
+    /// The value of a tick's work, having logged what needs logging.
+    fn after<T>(&mut self, done: Result<T, crate::saga::engine::Refusal>) -> Option<T> {
+        let task = self.task;
+        match done {
+            Ok(value) => {
+                if std::mem::take(&mut self.down) {
+                    tracing::info!("{task}: the database answers again");
+                }
+                Some(value)
+            }
+            Err(refusal) if refusal.is_unavailable() => {
+                if !std::mem::replace(&mut self.down, true) {
+                    tracing::error!(%refusal, "{task}: the database cannot be reached; trying again each tick, quietly, until it answers");
+                }
+                None
+            }
+            Err(refusal) => {
+                tracing::error!(%refusal, "{task}");
+                None
+            }
+        }
+    }
+}
+
 async fn record_each_minute(state: AppState) {
     let start = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     let mut minute = tokio::time::interval_at(start, std::time::Duration::from_secs(60));
@@ -361,12 +397,7 @@ async fn live_changes(
             return StatusCode::SERVICE_UNAVAILABLE.into_response();
         }
     };
-    let slot = match state.streams.open(Holder::Person(person)) {
-        Ok(slot) => slot,
-        Err(too_many) => {
-            return (StatusCode::TOO_MANY_REQUESTS, too_many.to_string()).into_response()
-        }
-    };
+    let slot = state.streams.open(Holder::Person(person));
     let batches = state.streams.subscribe();
     let start = match headers
         .get("last-event-id")

@@ -6,8 +6,10 @@
 //! reach every stream.
 //!
 //! Bounds, and who each shuts out: one agent token or one person holds at
-//! most `MAX_PER_HOLDER` streams at once; past it, only that token or that
-//! person is refused (`429`) until one of theirs closes. A token's streams
+//! most `MAX_PER_HOLDER` streams at once; a new one past it ends that
+//! holder's oldest stream (a tab closed long ago whose connection the
+//! server has not yet seen go), so nobody is refused and nobody else's
+//! stream is touched. A token's streams
 //! end within `HOLDER_CHECK` of its revocation, and a person's within
 //! `HOLDER_CHECK` of their removal, by any process.
 
@@ -40,14 +42,11 @@ pub enum Holder {
     Person(String),
 }
 
-/// A holder with `MAX_PER_HOLDER` streams open already.
-#[derive(Debug, thiserror::Error)]
-#[error("{MAX_PER_HOLDER} event streams are open for this {0} already; close one first")]
-pub struct TooManyStreams(&'static str);
-
 struct Held {
-    open: usize,
-    /// Cancelled when the holder may no longer stream (a revoked token).
+    /// Each open stream's number and what ends it, oldest first.
+    open: std::collections::VecDeque<(u64, CancellationToken)>,
+    /// Cancelled when the holder may no longer stream (a revoked token, a
+    /// removed person): ends all of theirs.
     ended: CancellationToken,
 }
 
@@ -55,11 +54,13 @@ pub struct Streams {
     store: Arc<dyn SagaStore>,
     batches: broadcast::Sender<Arc<Vec<Event>>>,
     held: Mutex<HashMap<Holder, Held>>,
+    numbered: std::sync::atomic::AtomicU64,
 }
 
 /// One open stream's place, given back when the stream is dropped.
 pub struct StreamSlot {
     holder: Holder,
+    number: u64,
     streams: Arc<Streams>,
     /// Cancelled when the stream must end.
     pub ended: CancellationToken,
@@ -69,8 +70,8 @@ impl Drop for StreamSlot {
     fn drop(&mut self) {
         let mut held = self.streams.lock();
         if let Some(entry) = held.get_mut(&self.holder) {
-            entry.open -= 1;
-            if entry.open == 0 {
+            entry.open.retain(|(number, _)| *number != self.number);
+            if entry.open.is_empty() {
                 held.remove(&self.holder);
             }
         }
@@ -84,6 +85,7 @@ impl Streams {
             store,
             batches,
             held: Mutex::new(HashMap::new()),
+            numbered: Default::default(),
         })
     }
 
@@ -92,27 +94,31 @@ impl Streams {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A place for one more stream of `holder`, if it has one left.
-    pub fn open(self: &Arc<Self>, holder: Holder) -> Result<StreamSlot, TooManyStreams> {
+    /// A place for one more stream of `holder`; at the bound, that
+    /// holder's oldest stream ends to make room.
+    pub fn open(self: &Arc<Self>, holder: Holder) -> StreamSlot {
+        let number = self
+            .numbered
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut held = self.lock();
         let entry = held.entry(holder.clone()).or_insert_with(|| Held {
-            open: 0,
+            open: Default::default(),
             ended: CancellationToken::new(),
         });
-        if entry.open >= MAX_PER_HOLDER {
-            return Err(TooManyStreams(match holder {
-                Holder::Token(_) => "token",
-                Holder::Person(_) => "person",
-            }));
+        while entry.open.len() >= MAX_PER_HOLDER {
+            if let Some((_, oldest)) = entry.open.pop_front() {
+                oldest.cancel();
+            }
         }
-        entry.open += 1;
         let ended = entry.ended.child_token();
+        entry.open.push_back((number, ended.clone()));
         drop(held);
-        Ok(StreamSlot {
+        StreamSlot {
             holder,
+            number,
             streams: self.clone(),
             ended,
-        })
+        }
     }
 
     /// New audit lines, a batch at a time, from now on.
@@ -122,7 +128,7 @@ impl Streams {
 
     /// Streams open now, by all holders.
     pub fn open_count(&self) -> usize {
-        self.lock().values().map(|h| h.open).sum()
+        self.lock().values().map(|h| h.open.len()).sum()
     }
 
     /// The poller: runs until the server stops. An outage of the database

@@ -951,3 +951,235 @@ async fn postgres_doctor_reads_the_durability_settings() {
     assert!(text.contains("synchronous_commit = on"), "{text}");
     assert!(text.contains("migrations current"), "{text}");
 }
+
+/// How long the database stays unreachable in the outage test: longer than
+/// the store's wait (2 s) in CI; `SAGA_FAULT_OUTAGE_SECS` asks for more.
+fn outage() -> Duration {
+    let seconds = std::env::var("SAGA_FAULT_OUTAGE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    Duration::from_secs(seconds)
+}
+
+/// The database goes away under a running harness (every connection cut,
+/// new ones refused) for longer than the store's wait, then comes back.
+/// While it is gone an agent's call is answered promptly with `503
+/// store_unavailable` and a `Retry-After`, and nothing is sent; `/readyz`
+/// says not ready within a second; each background task logs the outage
+/// once, not once a tick. Afterwards the same process carries on: the
+/// same request, sent again, makes exactly one shipment.
+#[tokio::test]
+async fn postgres_an_unreachable_database_is_a_prompt_503_and_the_same_process_recovers() {
+    let Some((db, cut)) = common::postgres_through_cut_proxy().await else {
+        return;
+    };
+    let sims = Simulators::start([127, 0, 0, 1].into(), 0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = tools_file(&sims, dir.path(), 0);
+    let token = provision(&db.direct_url, AGENT, &[]).await;
+    let harness = Harness::start(&Launch::new(&db.url, Some(&tools)).rust_log("info")).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let created: Value = http
+        .post(format!("{}/api/v1/runs", harness.base))
+        .bearer_auth(&token)
+        .json(&json!({"purpose": "reship while the database restarts"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let run = created["run"]["id"].as_str().unwrap().to_owned();
+    let reship = |step: i64| {
+        http.post(format!("{}/api/v1/runs/{run}/calls", harness.base))
+            .bearer_auth(&token)
+            .json(&json!({"tool": "reship", "step": step,
+                "args": {"order_id": format!("ord_{step}"), "items": ["LAMP-7"], "email": "grace@example.com"}}))
+            .send()
+    };
+    let first = reship(0).await.unwrap();
+    assert_eq!(first.status(), 200);
+
+    cut.down();
+    let went_down = Instant::now();
+    let started = Instant::now();
+    let refused = reship(1).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(refused.status(), 503, "{:?}", refused.text().await);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "store_unavailable", "{body}");
+    assert!(took < Duration::from_secs(4), "the 503 took {took:?}");
+    let started = Instant::now();
+    let ready = http
+        .get(format!("{}/readyz", harness.base))
+        .send()
+        .await
+        .unwrap();
+    let readiness_took = started.elapsed();
+    assert_eq!(ready.status(), 503);
+    assert!(
+        readiness_took < Duration::from_millis(1500),
+        "/readyz took {readiness_took:?}"
+    );
+    println!("database unreachable: the call's 503 after {took:?}, /readyz after {readiness_took:?}");
+    assert_eq!(
+        sims.warehouse
+            .state
+            .faults
+            .requests_to("POST", "/v1/shipments"),
+        1,
+        "a call whose intent could not be written was sent"
+    );
+    tokio::time::sleep(outage().saturating_sub(went_down.elapsed())).await;
+
+    cut.up();
+    let recovered = common::until("the same request to go through", || async {
+        let answer = reship(1).await.ok()?;
+        (answer.status() == 200).then_some(())?;
+        Some(answer.json::<Value>().await.ok()?)
+    })
+    .await;
+    assert_eq!(recovered["outcome"], "confirmed", "{recovered}");
+    assert_eq!(sims.warehouse.ledger().of("shipment.created").len(), 2);
+    let log = harness.log_text();
+    let said = log
+        .matches("expiring approvals past their deadline: the database cannot be reached")
+        .count();
+    assert_eq!(said, 1, "the expirer logged the outage {said} times:\n{log}");
+}
+
+/// A small filesystem of the test's own (tmpfs), unmounted when dropped.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    /// `None` where this machine lets no test mount one (not root); under
+    /// CI that fails the test instead.
+    fn mount(megabytes: u32) -> Option<SmallDisk> {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={megabytes}m"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI is set but a tmpfs cannot be mounted: the full-disk test cannot be skipped in CI"
+            );
+            eprintln!("cannot mount a tmpfs here: skipping");
+            return None;
+        }
+        Some(SmallDisk { dir })
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Fills what is left with one file; returns its path.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write as _;
+        let filler = self.path().join("filler");
+        let mut file = std::fs::File::create(&filler).unwrap();
+        let block = vec![0u8; 64 * 1024];
+        while file.write_all(&block).is_ok() {}
+        // The last few bytes a block could not take.
+        while file.write_all(&[0u8; 512]).is_ok() {}
+        filler
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// SQLite on a disk that fills up: a call whose intent cannot be written
+/// is not made, and the agent hears so in plain words (`503
+/// store_unavailable`); what was confirmed before stays; once space is
+/// freed the harness carries on by itself.
+#[tokio::test]
+async fn a_full_disk_refuses_new_intents_plainly_and_the_harness_carries_on_once_freed() {
+    let Some(disk) = SmallDisk::mount(16) else {
+        return;
+    };
+    let sims = Simulators::start([127, 0, 0, 1].into(), 0).await.unwrap();
+    let tools_dir = tempfile::tempdir().unwrap();
+    let tools = tools_file(&sims, tools_dir.path(), 0);
+    let url = format!("sqlite://{}", disk.path().join("saga.db").display());
+    let token = provision(&url, AGENT, &[]).await;
+    let harness = Harness::start(&Launch::new(&url, Some(&tools))).await;
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{}/api/v1/runs", harness.base))
+        .bearer_auth(&token)
+        .json(&json!({"purpose": "reship on a full disk"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let run = created["run"]["id"].as_str().unwrap().to_owned();
+    let reship = |step: i64| {
+        http.post(format!("{}/api/v1/runs/{run}/calls", harness.base))
+            .bearer_auth(&token)
+            .json(&json!({"tool": "reship", "step": step,
+                "args": {"order_id": format!("ord_{step}"), "items": ["LAMP-7"], "email": "grace@example.com"}}))
+            .send()
+    };
+    let first: Value = reship(0).await.unwrap().json().await.unwrap();
+    assert_eq!(first["outcome"], "confirmed", "{first}");
+
+    let filler = disk.fill();
+    let refused = reship(1).await.unwrap();
+    assert_eq!(refused.status(), 503, "{:?}", refused.text().await);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "store_unavailable", "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("nothing was sent"),
+        "{body}"
+    );
+    assert_eq!(
+        sims.warehouse
+            .state
+            .faults
+            .requests_to("POST", "/v1/shipments"),
+        1,
+        "a call whose intent could not be written was sent"
+    );
+
+    std::fs::remove_file(filler).unwrap();
+    let recovered: Value = common::until("the call to go through once space is freed", || async {
+        let answer = reship(1).await.ok()?;
+        (answer.status() == 200).then_some(())?;
+        answer.json().await.ok()
+    })
+    .await;
+    assert_eq!(recovered["outcome"], "confirmed", "{recovered}");
+    assert_eq!(sims.warehouse.ledger().of("shipment.created").len(), 2);
+    // What was confirmed before the disk filled is still there.
+    let log: Value = http
+        .get(format!("{}/api/v1/runs/{run}", harness.base))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let steps = log["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 2, "{log}");
+    assert!(steps.iter().all(|s| s["status"] == "CONFIRMED"), "{log}");
+}

@@ -149,7 +149,12 @@ pub struct ApiError {
     message: String,
     step: Option<i64>,
     incident: Option<String>,
+    /// Seconds to wait before sending the request again (`Retry-After`).
+    retry_after: Option<u32>,
 }
+
+/// How long an agent is asked to wait while the database is unreachable.
+const STORE_RETRY_AFTER_SECS: u32 = 2;
 
 impl ApiError {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
@@ -159,6 +164,7 @@ impl ApiError {
             message: message.into(),
             step: None,
             incident: None,
+            retry_after: None,
         }
     }
 
@@ -183,6 +189,14 @@ impl IntoResponse for ApiError {
             step: self.step,
             incident: self.incident,
         };
+        if let Some(seconds) = self.retry_after {
+            return (
+                self.status,
+                [(header::RETRY_AFTER, seconds.to_string())],
+                Json(body),
+            )
+                .into_response();
+        }
         (self.status, Json(body)).into_response()
     }
 }
@@ -219,6 +233,19 @@ impl From<Refusal> for ApiError {
             }
             // Another instance has a call of this run in flight: the agent
             // re-sends the same step shortly and reads its outcome.
+            // The database cannot be reached: nothing was sent; the agent
+            // sends the same request again after the wait.
+            Refusal::Store(StoreError::Unavailable { cause }) => {
+                tracing::warn!(%cause, "agent API: the database cannot be reached");
+                return ApiError {
+                    retry_after: Some(STORE_RETRY_AFTER_SECS),
+                    ..ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "store_unavailable",
+                        refusal.to_string(),
+                    )
+                };
+            }
             Refusal::Store(StoreError::RunBusy { .. } | StoreError::LeaseLost) => {
                 return ApiError::new(
                     StatusCode::CONFLICT,
@@ -602,7 +629,7 @@ struct CallRequest {
     request_body = CallRequest,
     responses(
         (status = 200, description = "The tool's outcome (confirmed, failed, unknown, not_executed, awaiting_approval, rejected); never an HTTP error", body = schema::CallOutcome),
-        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
+        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change, run_busy (another instance holds the run, or this one lost it while paused: nothing was sent)", body = ErrorBody), (status = 503, description = "store_unavailable: the database cannot be reached; nothing was sent; send the same request again after Retry-After", body = ErrorBody)))]
 async fn call(
     State(state): State<AppState>,
     caller: CallingAgent,
@@ -801,16 +828,7 @@ async fn events(
         .engine
         .agents_run(&caller.agent, run_id(&raw)?)
         .await?;
-    let slot = state
-        .streams
-        .open(Holder::Token(caller.token_hash))
-        .map_err(|too_many| {
-            ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_streams",
-                too_many.to_string(),
-            )
-        })?;
+    let slot = state.streams.open(Holder::Token(caller.token_hash));
     let after = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())

@@ -35,9 +35,15 @@ pub fn routes() -> Router<AppState> {
         .route("/readyz", get(readiness))
 }
 
+/// How long `/readyz` waits for the database: a probe must get an answer
+/// promptly, never wait its turn behind the pool.
+const READINESS_WAIT: std::time::Duration = std::time::Duration::from_millis(800);
+
 async fn readiness(State(state): State<AppState>) -> Response {
     let tools = state.registry.len();
-    let database = state.opened.readiness().await;
+    let database = tokio::time::timeout(READINESS_WAIT, state.opened.readiness())
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {READINESS_WAIT:?}")));
     let draining = state.draining.is_draining();
     let ready = database.is_ok() && !draining;
     // Why not is for the operator's log; whoever asks only learns whether.

@@ -224,6 +224,12 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// The database could not be reached: nothing was done, and the same
+    /// request can be made again once it is back.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Refusal::Store(StoreError::Unavailable { .. }))
+    }
+
     /// A failure inside the harness rather than a refusal of the request.
     pub fn is_internal(&self) -> bool {
         matches!(self, Refusal::Store(err) if err.is_internal())
@@ -248,6 +254,7 @@ impl Refusal {
             Refusal::RunHasOpenEffects(_) => "run_has_open_effects",
             Refusal::QuestionAskedAgain { .. } => "question_asked_again",
             Refusal::TokenNotValid => "unauthorized",
+            Refusal::Store(StoreError::Unavailable { .. }) => "store_unavailable",
             Refusal::Store(_) => "internal",
         }
     }

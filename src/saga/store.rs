@@ -48,6 +48,13 @@ pub enum StoreError {
     /// The request cannot be stored as asked (says why).
     #[error("{0}")]
     Invalid(String),
+    /// The database cannot be reached or cannot take the write now (it is
+    /// restarting, a connection was cut, no connection came free within
+    /// the wait, the disk is full). Nothing was done that the request
+    /// needs undone: it can be sent again as it stands. The cause is for
+    /// the log only.
+    #[error("the harness's database cannot be reached now; nothing was sent, and the same request can be sent again in a few seconds")]
+    Unavailable { cause: String },
     /// A row in the database that this version cannot read.
     #[error("corrupt row: {0}")]
     Corrupt(String),

@@ -32,6 +32,12 @@ pub struct StoreSettings {
         default_value_t = 10_000
     )]
     pub run_wait_ms: u64,
+    /// PostgreSQL: how long a request waits for a database connection
+    /// before it is answered `503 store_unavailable` (nothing sent). While
+    /// the database is down this is how long agents wait for that answer.
+    #[arg(long = "store-wait-ms", env = "SAGA_STORE_WAIT_MS", default_value_t = 2_000,
+          value_parser = clap::value_parser!(u64).range(100..))]
+    pub store_wait_ms: u64,
     /// The PostgreSQL URL points at a transaction-pooling PgBouncer: keep no
     /// prepared statement across transactions.
     #[arg(long = "pg-transaction-pooler", env = "SAGA_PG_TRANSACTION_POOLER")]
@@ -72,6 +78,7 @@ impl Default for StoreSettings {
         StoreSettings {
             run_lease_ms: 15_000,
             run_wait_ms: 10_000,
+            store_wait_ms: 2_000,
             pg_transaction_pooler: false,
             instance_id: None,
         }

@@ -80,6 +80,28 @@ pub async fn postgres() -> Option<TestDb> {
     })
 }
 
+/// A fresh PostgreSQL database reached through a proxy the test can cut
+/// (`CutProxy::down`), for the faults of a database that goes away.
+pub async fn postgres_through_cut_proxy() -> Option<(TestDb, proxy::CutProxy)> {
+    let mut db = postgres().await?;
+    let server = ServerAddress::parse(&db.direct_url);
+    let host = if server.host == "localhost" {
+        "127.0.0.1".to_owned()
+    } else {
+        server.host.clone()
+    };
+    let upstream: std::net::SocketAddr = format!("{host}:{}", server.port)
+        .parse()
+        .expect("the server's address");
+    let cut = proxy::CutProxy::start(upstream).await;
+    let name = &db.postgres.as_ref().expect("a PostgreSQL database").1;
+    db.url = format!(
+        "postgres://{}:{}@{}/{name}",
+        server.user, server.password, cut.addr
+    );
+    Some((db, cut))
+}
+
 /// A fresh PostgreSQL database behind its own PgBouncer in transaction
 /// pooling mode (Debian's `pgbouncer`), as PostgreSQL is often run at
 /// scale. `None` where `postgres()` is; under CI a missing PgBouncer fails.
@@ -289,6 +311,7 @@ where
 
 pub mod crash;
 pub mod process;
+pub mod proxy;
 pub mod world;
 
 /// Turns each named `async fn NAME(x)` into two tests, one on a fresh

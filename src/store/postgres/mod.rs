@@ -121,7 +121,7 @@ impl PostgresStore {
         let broken_at = Arc::new(AtomicI64::new(0));
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(Duration::from_millis(settings.store_wait_ms))
             // No liveness ping per statement: a broken connection is found
             // by the statement that uses it (see `broken_at`).
             .test_before_acquire(false)

@@ -24,12 +24,50 @@ pub(crate) fn db_error(err: sqlx::Error, what: impl FnOnce() -> String) -> Store
         sqlx::Error::Database(db) if db.is_unique_violation() => {
             StoreError::Duplicate { what: what() }
         }
-        _ => StoreError::Database(err.to_string()),
+        _ => db(err),
     }
 }
 
+/// Maps a driver error: `Unavailable` when the database could not be
+/// reached or could not take the write, `Database` for anything else.
 pub(crate) fn db(err: sqlx::Error) -> StoreError {
-    StoreError::Database(err.to_string())
+    if unreachable(&err) {
+        StoreError::Unavailable {
+            cause: err.to_string(),
+        }
+    } else {
+        StoreError::Database(err.to_string())
+    }
+}
+
+/// Whether the database could not be reached or could not take the write
+/// now, rather than refusing the statement itself: the request may be sent
+/// again as it stands once the database is back.
+pub(crate) fn unreachable(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(e) => {
+            if let Some(sqlite) = e.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
+                // SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN (primary codes,
+                // under any extended code).
+                let code = sqlx::error::DatabaseError::code(sqlite).and_then(|c| c.parse::<i64>().ok());
+                return code.is_some_and(|c| matches!(c & 0xff, 10 | 13 | 14));
+            }
+            // PostgreSQL: connection exceptions (08), the server shutting
+            // down or starting (57P), too many connections, a full disk, and
+            // a standby that refuses writes (a failover under way).
+            e.code().is_some_and(|c| {
+                c.starts_with("08")
+                    || c.starts_with("57P")
+                    || ["53100", "53300", "25006"].contains(&c.as_ref())
+            })
+        }
+        _ => false,
+    }
 }
 
 pub(crate) fn corrupt(column: &str, err: impl std::fmt::Display) -> StoreError {
