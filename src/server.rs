@@ -244,7 +244,8 @@ impl Application {
             loop {
                 every.tick().await;
                 sign_ins.forget_old();
-                if let Some(settled) = reconciling.after(engine.reconcile_stale(STALE_AFTER).await) {
+                if let Some(settled) = reconciling.after(engine.reconcile_stale(STALE_AFTER).await)
+                {
                     if settled > 0 {
                         tracing::info!(settled, "reconciled steps left unknown");
                     }

@@ -1026,7 +1026,9 @@ async fn postgres_an_unreachable_database_is_a_prompt_503_and_the_same_process_r
         readiness_took < Duration::from_millis(1500),
         "/readyz took {readiness_took:?}"
     );
-    println!("database unreachable: the call's 503 after {took:?}, /readyz after {readiness_took:?}");
+    println!(
+        "database unreachable: the call's 503 after {took:?}, /readyz after {readiness_took:?}"
+    );
     assert_eq!(
         sims.warehouse
             .state
@@ -1050,7 +1052,10 @@ async fn postgres_an_unreachable_database_is_a_prompt_503_and_the_same_process_r
     let said = log
         .matches("expiring approvals past their deadline: the database cannot be reached")
         .count();
-    assert_eq!(said, 1, "the expirer logged the outage {said} times:\n{log}");
+    assert_eq!(
+        said, 1,
+        "the expirer logged the outage {said} times:\n{log}"
+    );
 }
 
 /// A small filesystem of the test's own (tmpfs), unmounted when dropped.
@@ -1148,7 +1153,10 @@ async fn a_full_disk_refuses_new_intents_plainly_and_the_harness_carries_on_once
     let body: Value = refused.json().await.unwrap();
     assert_eq!(body["code"], "store_unavailable", "{body}");
     assert!(
-        body["message"].as_str().unwrap().contains("nothing was sent"),
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("nothing was sent"),
         "{body}"
     );
     assert_eq!(
@@ -1182,4 +1190,117 @@ async fn a_full_disk_refuses_new_intents_plainly_and_the_harness_carries_on_once
     let steps = log["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 2, "{log}");
     assert!(steps.iter().all(|s| s["status"] == "CONFIRMED"), "{log}");
+}
+
+/// For how long connections are cut at random in the test below: 5 s in
+/// CI; `SAGA_FAULT_CUT_SECS` asks for more (the figure is 30).
+fn cutting() -> Duration {
+    let seconds = std::env::var("SAGA_FAULT_CUT_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    Duration::from_secs(seconds)
+}
+
+/// Connections between the harness and PostgreSQL are reset at random
+/// points, mid-statement included, while eight agents each make four
+/// calls, re-sending a step on any answer that is not final (as agents
+/// should). Every step ends confirmed, and the warehouse holds exactly one
+/// shipment per step: nothing lost, nothing doubled.
+#[tokio::test]
+async fn postgres_connections_cut_at_random_lose_and_double_nothing() {
+    let Some((db, cut)) = common::postgres_through_cut_proxy().await else {
+        return;
+    };
+    let sims = Simulators::start([127, 0, 0, 1].into(), 0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = tools_file(&sims, dir.path(), 0);
+    let token = provision(&db.direct_url, AGENT, &[]).await;
+    let harness = Harness::start(&Launch::new(&db.url, Some(&tools))).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let (agents, calls) = (8usize, 4i64);
+    let window = cutting();
+    let stop_cutting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cutter = tokio::spawn({
+        let stop = stop_cutting.clone();
+        async move {
+            let (started, mut cuts, mut pick) = (Instant::now(), 0usize, 7usize);
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && started.elapsed() < window {
+                tokio::time::sleep(Duration::from_millis(40)).await;
+                // A fixed sequence, so a failure replays the same cuts.
+                pick = pick.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                if cut.cut_one(pick >> 4) {
+                    cuts += 1;
+                }
+            }
+            (cut, cuts)
+        }
+    });
+    let agent = |n: usize| {
+        let (http, base, token) = (http.clone(), harness.base.clone(), token.clone());
+        async move {
+            let run = loop {
+                let created = http
+                    .post(format!("{base}/api/v1/runs"))
+                    .bearer_auth(&token)
+                    .json(&json!({"purpose": format!("agent {n}"), "label": format!("agent-{n}")}))
+                    .send()
+                    .await;
+                if let Ok(answer) = created {
+                    if answer.status().is_success() {
+                        let body: Value = answer.json().await.unwrap();
+                        break body["run"]["id"].as_str().unwrap().to_owned();
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            let mut resent = 0;
+            for step in 0..calls {
+                loop {
+                    let answer = http
+                        .post(format!("{base}/api/v1/runs/{run}/calls"))
+                        .bearer_auth(&token)
+                        .json(&json!({"tool": "reship", "step": step,
+                            "args": {"order_id": format!("ord_{n}_{step}"), "items": ["LAMP-7"], "email": "grace@example.com"}}))
+                        .send()
+                        .await;
+                    if let Ok(answer) = answer {
+                        if answer.status() == 200 {
+                            let body: Value = answer.json().await.unwrap();
+                            if body["outcome"] == "confirmed" {
+                                break;
+                            }
+                        }
+                    }
+                    resent += 1;
+                    assert!(resent < 2_000, "agent {n} never got step {step} through");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            resent
+        }
+    };
+    let resent: usize = futures::future::join_all((0..agents).map(agent))
+        .await
+        .into_iter()
+        .sum();
+    stop_cutting.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (_cut, cuts) = cutter.await.unwrap();
+    let shipments = sims.warehouse.ledger().of("shipment.created");
+    println!(
+        "{cuts} connections cut over {window:?}; {resent} re-sent calls; {} shipments",
+        shipments.len()
+    );
+    assert_eq!(shipments.len(), agents * calls as usize, "{shipments:?}");
+    let mut keys: Vec<_> = shipments.iter().map(|s| s.key.clone()).collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(
+        keys.len(),
+        agents * calls as usize,
+        "a step made two shipments"
+    );
 }

@@ -68,3 +68,19 @@ impl Drop for CutProxy {
         self.down();
     }
 }
+
+impl CutProxy {
+    /// Resets one connection through the proxy, picked at random (each
+    /// with the same chance): a connection cut mid-statement.
+    pub fn cut_one(&self, pick: usize) -> bool {
+        let mut open = self.open.lock().unwrap();
+        open.retain(|c| !c.is_finished());
+        if open.is_empty() {
+            return false;
+        }
+        let at = pick % open.len();
+        let victim = open.swap_remove(at);
+        victim.abort();
+        true
+    }
+}

@@ -54,7 +54,8 @@ pub(crate) fn unreachable(err: &sqlx::Error) -> bool {
             if let Some(sqlite) = e.try_downcast_ref::<sqlx::sqlite::SqliteError>() {
                 // SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN (primary codes,
                 // under any extended code).
-                let code = sqlx::error::DatabaseError::code(sqlite).and_then(|c| c.parse::<i64>().ok());
+                let code =
+                    sqlx::error::DatabaseError::code(sqlite).and_then(|c| c.parse::<i64>().ok());
                 return code.is_some_and(|c| matches!(c & 0xff, 10 | 13 | 14));
             }
             // PostgreSQL: connection exceptions (08), the server shutting
