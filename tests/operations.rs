@@ -7,7 +7,9 @@
 
 mod common;
 
-use common::process::{free_port, provision, tools_file, Dashboard, Harness, Launch, PASSWORD};
+use common::process::{
+    free_port, provision, tools_file, ApiAgent, Dashboard, Harness, Launch, PASSWORD,
+};
 use common::world::{Fault, World, TOOLS};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::trace::v1::Span;
@@ -979,28 +981,10 @@ async fn postgres_an_unreachable_database_is_a_prompt_503_and_the_same_process_r
     let tools = tools_file(&sims, dir.path(), 0);
     let token = provision(&db.direct_url, AGENT, &[]).await;
     let harness = Harness::start(&Launch::new(&db.url, Some(&tools)).rust_log("info")).await;
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let created: Value = http
-        .post(format!("{}/api/v1/runs", harness.base))
-        .bearer_auth(&token)
-        .json(&json!({"purpose": "reship while the database restarts"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let run = created["run"]["id"].as_str().unwrap().to_owned();
-    let reship = |step: i64| {
-        http.post(format!("{}/api/v1/runs/{run}/calls", harness.base))
-            .bearer_auth(&token)
-            .json(&json!({"tool": "reship", "step": step,
-                "args": {"order_id": format!("ord_{step}"), "items": ["LAMP-7"], "email": "grace@example.com"}}))
-            .send()
-    };
+    let agent =
+        ApiAgent::with_new_run(&harness.base, &token, "reship while the database restarts").await;
+    let reship = |step| agent.reship(step);
+    let http = &agent.http;
     let first = reship(0).await.unwrap();
     assert_eq!(first.status(), 200);
 
@@ -1125,25 +1109,9 @@ async fn a_full_disk_refuses_new_intents_plainly_and_the_harness_carries_on_once
     let url = format!("sqlite://{}", disk.path().join("saga.db").display());
     let token = provision(&url, AGENT, &[]).await;
     let harness = Harness::start(&Launch::new(&url, Some(&tools))).await;
-    let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{}/api/v1/runs", harness.base))
-        .bearer_auth(&token)
-        .json(&json!({"purpose": "reship on a full disk"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let run = created["run"]["id"].as_str().unwrap().to_owned();
-    let reship = |step: i64| {
-        http.post(format!("{}/api/v1/runs/{run}/calls", harness.base))
-            .bearer_auth(&token)
-            .json(&json!({"tool": "reship", "step": step,
-                "args": {"order_id": format!("ord_{step}"), "items": ["LAMP-7"], "email": "grace@example.com"}}))
-            .send()
-    };
+    let agent = ApiAgent::with_new_run(&harness.base, &token, "reship on a full disk").await;
+    let reship = |step| agent.reship(step);
+    let (http, run) = (&agent.http, &agent.run);
     let first: Value = reship(0).await.unwrap().json().await.unwrap();
     assert_eq!(first["outcome"], "confirmed", "{first}");
 

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::process::{provision, tools_file, Dashboard, Harness, Launch, PASSWORD};
+use common::process::{provision, tools_file, ApiAgent, Dashboard, Harness, Launch, PASSWORD};
 use saga_harness::sim::bundle::Simulators;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -1159,23 +1159,12 @@ async fn event_streams_are_capped_per_token_and_end_when_the_token_is_revoked() 
     let harness = Harness::start(&Launch::new(&db.url, None)).await;
     // No overall timeout: the streams stay open.
     let http = reqwest::Client::new();
-    let run = |token: String| {
-        let (http, base) = (http.clone(), harness.base.clone());
-        async move {
-            let created: Value = http
-                .post(format!("{base}/api/v1/runs"))
-                .bearer_auth(&token)
-                .json(&json!({"purpose": "watch a run"}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            created["run"]["id"].as_str().unwrap().to_owned()
-        }
-    };
-    let (mine, theirs) = (run(token.clone()).await, run(other.clone()).await);
+    let mine = ApiAgent::with_new_run(&harness.base, &token, "watch a run")
+        .await
+        .run;
+    let theirs = ApiAgent::with_new_run(&harness.base, &other, "watch a run")
+        .await
+        .run;
     let open = |token: &str, run: &str| {
         http.get(format!("{}/api/v1/runs/{run}/events", harness.base))
             .bearer_auth(token)

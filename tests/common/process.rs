@@ -318,3 +318,54 @@ pub async fn provision(url: &str, agent: &str, people: &[(&str, &str)]) -> Strin
     drop(opened);
     token
 }
+
+/// An agent over the HTTP API with one run of its own: what the fault
+/// tests drive.
+pub struct ApiAgent {
+    pub http: reqwest::Client,
+    pub base: String,
+    pub token: String,
+    /// The run's id.
+    pub run: String,
+}
+
+impl ApiAgent {
+    /// Creates a run for the agent of `token`; panics unless it is made.
+    pub async fn with_new_run(base: &str, token: &str, purpose: &str) -> ApiAgent {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("a client");
+        let created: serde_json::Value = http
+            .post(format!("{base}/api/v1/runs"))
+            .bearer_auth(token)
+            .json(&serde_json::json!({ "purpose": purpose }))
+            .send()
+            .await
+            .expect("the run is created")
+            .json()
+            .await
+            .expect("a JSON answer");
+        let run = created["run"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no run in {created}"))
+            .to_owned();
+        ApiAgent {
+            http,
+            base: base.to_owned(),
+            token: token.to_owned(),
+            run,
+        }
+    }
+
+    /// Step `step` of the run: a reship of its own order.
+    pub async fn reship(&self, step: i64) -> reqwest::Result<reqwest::Response> {
+        self.http
+            .post(format!("{}/api/v1/runs/{}/calls", self.base, self.run))
+            .bearer_auth(&self.token)
+            .json(&serde_json::json!({"tool": "reship", "step": step,
+                "args": {"order_id": format!("ord_{step}"), "items": ["LAMP-7"], "email": "grace@example.com"}}))
+            .send()
+            .await
+    }
+}
