@@ -954,14 +954,48 @@ async fn postgres_doctor_reads_the_durability_settings() {
     assert!(text.contains("migrations current"), "{text}");
 }
 
+/// A fault test's size knob: `variable` in seconds, else `default`.
+fn knob_secs(variable: &str, default: u64) -> Duration {
+    let seconds = std::env::var(variable)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    Duration::from_secs(seconds)
+}
+
 /// How long the database stays unreachable in the outage test: longer than
 /// the store's wait (2 s) in CI; `SAGA_FAULT_OUTAGE_SECS` asks for more.
 fn outage() -> Duration {
-    let seconds = std::env::var("SAGA_FAULT_OUTAGE_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
-    Duration::from_secs(seconds)
+    knob_secs("SAGA_FAULT_OUTAGE_SECS", 3)
+}
+
+/// The simulators, the shipped tools file pointed at them, an agent token
+/// and a harness process whose PostgreSQL is reached through a proxy the
+/// test can cut.
+struct ProxiedWorld {
+    sims: Simulators,
+    cut: common::proxy::CutProxy,
+    token: String,
+    harness: Harness,
+    _dir: tempfile::TempDir,
+    _db: common::TestDb,
+}
+
+async fn proxied_world(rust_log: &str) -> Option<ProxiedWorld> {
+    let (db, cut) = common::postgres_through_cut_proxy().await?;
+    let sims = Simulators::start([127, 0, 0, 1].into(), 0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = tools_file(&sims, dir.path(), 0);
+    let token = provision(&db.direct_url, AGENT, &[]).await;
+    let harness = Harness::start(&Launch::new(&db.url, Some(&tools)).rust_log(rust_log)).await;
+    Some(ProxiedWorld {
+        sims,
+        cut,
+        token,
+        harness,
+        _dir: dir,
+        _db: db,
+    })
 }
 
 /// The database goes away under a running harness (every connection cut,
@@ -973,14 +1007,17 @@ fn outage() -> Duration {
 /// same request, sent again, makes exactly one shipment.
 #[tokio::test]
 async fn postgres_an_unreachable_database_is_a_prompt_503_and_the_same_process_recovers() {
-    let Some((db, cut)) = common::postgres_through_cut_proxy().await else {
+    let Some(ProxiedWorld {
+        sims,
+        cut,
+        token,
+        harness,
+        _dir,
+        _db,
+    }) = proxied_world("info").await
+    else {
         return;
     };
-    let sims = Simulators::start([127, 0, 0, 1].into(), 0).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let tools = tools_file(&sims, dir.path(), 0);
-    let token = provision(&db.direct_url, AGENT, &[]).await;
-    let harness = Harness::start(&Launch::new(&db.url, Some(&tools)).rust_log("info")).await;
     let agent =
         ApiAgent::with_new_run(&harness.base, &token, "reship while the database restarts").await;
     let reship = |step| agent.reship(step);
@@ -1163,11 +1200,7 @@ async fn a_full_disk_refuses_new_intents_plainly_and_the_harness_carries_on_once
 /// For how long connections are cut at random in the test below: 5 s in
 /// CI; `SAGA_FAULT_CUT_SECS` asks for more (the figure is 30).
 fn cutting() -> Duration {
-    let seconds = std::env::var("SAGA_FAULT_CUT_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
-    Duration::from_secs(seconds)
+    knob_secs("SAGA_FAULT_CUT_SECS", 5)
 }
 
 /// Connections between the harness and PostgreSQL are reset at random
@@ -1177,14 +1210,17 @@ fn cutting() -> Duration {
 /// shipment per step: nothing lost, nothing doubled.
 #[tokio::test]
 async fn postgres_connections_cut_at_random_lose_and_double_nothing() {
-    let Some((db, cut)) = common::postgres_through_cut_proxy().await else {
+    let Some(ProxiedWorld {
+        sims,
+        cut,
+        token,
+        harness,
+        _dir,
+        _db,
+    }) = proxied_world("warn").await
+    else {
         return;
     };
-    let sims = Simulators::start([127, 0, 0, 1].into(), 0).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let tools = tools_file(&sims, dir.path(), 0);
-    let token = provision(&db.direct_url, AGENT, &[]).await;
-    let harness = Harness::start(&Launch::new(&db.url, Some(&tools))).await;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()

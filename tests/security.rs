@@ -586,6 +586,21 @@ async fn inline_scripts_run_only_with_the_pages_own_nonce() {
     assert_eq!(nonces.len(), 5, "a nonce was used twice");
 }
 
+/// Dana signs in; the session cookie the server sets.
+async fn session_cookie(http: &reqwest::Client, base: &str) -> String {
+    let response = http
+        .post(format!("{base}/api/login"))
+        .header("accept", "text/html")
+        .form(&[("username", "dana"), ("password", PASSWORD)])
+        .send()
+        .await
+        .unwrap();
+    response.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// Served at an HTTPS address, the session cookie is `Secure` with the
 /// `__Host-` prefix and pages carry HSTS; on a developer's loopback over
 /// plain HTTP it stays a plain cookie so sign-in works there.
@@ -596,17 +611,7 @@ async fn behind_https_the_session_cookie_is_secure_host_only_and_pages_carry_hst
     let launch = Launch::new(&db.url, None).env("SAGA_PUBLIC_URL", "https://saga.example.com");
     let harness = Harness::start(&launch).await;
     let http = client();
-    let response = http
-        .post(format!("{}/api/login", harness.base))
-        .header("accept", "text/html")
-        .form(&[("username", "dana"), ("password", PASSWORD)])
-        .send()
-        .await
-        .unwrap();
-    let cookie = response.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let cookie = session_cookie(&http, &harness.base).await;
     assert!(cookie.starts_with("__Host-saga_session="), "{cookie}");
     for attribute in ["Secure", "HttpOnly", "Path=/", "SameSite=Lax"] {
         assert!(cookie.contains(attribute), "{attribute} missing: {cookie}");
@@ -623,17 +628,7 @@ async fn behind_https_the_session_cookie_is_secure_host_only_and_pages_carry_hst
     );
 
     let (_db, local) = harness_with_people().await;
-    let response = http
-        .post(format!("{}/api/login", local.base))
-        .header("accept", "text/html")
-        .form(&[("username", "dana"), ("password", PASSWORD)])
-        .send()
-        .await
-        .unwrap();
-    let cookie = response.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let cookie = session_cookie(&http, &local.base).await;
     assert!(cookie.starts_with("saga_session="), "{cookie}");
     assert!(!cookie.contains("Secure"), "{cookie}");
 }
