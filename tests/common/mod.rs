@@ -212,13 +212,19 @@ impl ServerAddress {
     }
 }
 
+/// A name no other test's database has: the time, the process and a
+/// counter of this process (two tests of one process can read the same
+/// nanosecond).
 fn uuid_simple() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{SystemTime, UNIX_EPOCH};
+    static MADE: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    format!("{nanos:x}{:x}", std::process::id())
+    let made = MADE.fetch_add(1, Ordering::Relaxed);
+    format!("{nanos:x}{:x}_{made:x}", std::process::id())
 }
 
 async fn connect_admin(url: &str) -> sqlx::PgConnection {
