@@ -23,6 +23,7 @@ use http_body_util::BodyExt as _;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use std::collections::HashMap;
+use std::future::Future as _;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -220,8 +221,6 @@ where
         self.body.size_hint()
     }
 }
-
-use std::future::Future as _;
 
 /// Serves `router` on `listener` until `shutdown` resolves.
 pub async fn serve(
