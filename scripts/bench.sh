@@ -3,7 +3,7 @@
 # Transact in a Python venv, Restate from npm) under the user's cache,
 # starts the machine's PostgreSQL and measures both backends and the peers
 # in interleaved rounds. Writes benches/results/bench.json (committed: the
-# README's benchmark tables are generated from it) and prints the table.
+# benches/README.md's benchmark tables are generated from it) and prints the table.
 #
 #   ./scripts/bench.sh                 # everything
 #   ./scripts/bench.sh --rounds 7      # extra arguments go to `saga-harness bench`

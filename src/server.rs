@@ -138,6 +138,18 @@ impl Application {
         settings
             .instance_id
             .get_or_insert_with(|| format!("{}:{}", store::host_name(), addr.port()));
+        let longest_call = Timeouts::default().connect + Timeouts::default().request;
+        let lease = std::time::Duration::from_millis(settings.run_lease_ms);
+        if args.database.database_url.starts_with("postgres")
+            && lease < longest_call + crate::store::postgres::CALL_MARGIN
+        {
+            tracing::warn!(
+                lease_ms = settings.run_lease_ms,
+                longest_call_ms = longest_call.as_millis() as u64,
+                "the run lease is shorter than a call's longest time plus a second: each call \
+                 renews it in the database before it is sent, one statement more per call"
+            );
+        }
         let opened = store::open_with(&args.database.database_url, &settings)
             .await
             .map_err(|source| ServerError::Store {
@@ -800,15 +812,49 @@ async fn require_sign_in(
             (StatusCode::UNAUTHORIZED, "sign in first").into_response()
         }
         Ok(None) => Redirect::to("/login").into_response(),
-        Err(err) => {
-            tracing::error!(%err, "reading the session");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "could not read the session",
-            )
-                .into_response()
-        }
+        Err(err) => session_unreadable(&state, err.to_string()).await,
     }
+}
+
+/// A session (or the person behind it) that could not be read: while the
+/// database cannot be reached, a page that says so plainly (`503`, with
+/// `Retry-After`, reloading itself); otherwise an internal failure under
+/// an incident id.
+async fn session_unreadable(state: &AppState, err: String) -> Response {
+    let answers = tokio::time::timeout(
+        std::time::Duration::from_millis(800),
+        state.opened.readiness(),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok());
+    if answers {
+        let incident = crate::incident::Incident::record("reading the session", &err);
+        return (StatusCode::INTERNAL_SERVER_ERROR, incident.message()).into_response();
+    }
+    tracing::warn!(%err, "a page asked for while the database cannot be reached");
+    database_unreachable_page()
+}
+
+/// What a person at the dashboard sees while the database cannot be
+/// reached.
+fn database_unreachable_page() -> Response {
+    let page = "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+        <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+        <meta http-equiv=\"refresh\" content=\"5\">\
+        <title>Database unreachable · Saga Harness</title>\
+        <link rel=\"stylesheet\" href=\"/pkg/saga-harness.css\"></head>\
+        <body><main class=\"page\"><h1>The harness cannot reach its database</h1>\
+        <p>Nothing is lost: runs, approvals and corrections are kept in the database, \
+        and this page comes back by itself as soon as it answers (it reloads every \
+        5 seconds).</p><p>Meanwhile agents are told to send their calls again later, \
+        and no call is sent to any system.</p></main></body></html>";
+    let mut response =
+        (StatusCode::SERVICE_UNAVAILABLE, axum::response::Html(page)).into_response();
+    response.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from_static("5"),
+    );
+    response
 }
 
 /// Leptos answers a server function whose form cannot be decoded (a field
@@ -838,20 +884,14 @@ async fn undecodable_forms_are_bad_requests(request: Request<Body>, next: Next) 
 /// The signed-in person as the database knows them now: a removed user is
 /// signed out, a changed role applies from this request on.
 async fn refresh_session_user(state: &AppState, session: &Session) -> Result<(), Response> {
-    let failed = |err: &dyn std::fmt::Display| {
-        tracing::error!(%err, "reading the session");
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "could not read the session",
-        )
-            .into_response()
+    let user = match session.get::<SessionUser>(SESSION_USER_KEY).await {
+        Ok(Some(user)) => user,
+        Ok(None) => return Ok(()),
+        Err(err) => return Err(session_unreadable(state, err.to_string()).await),
     };
-    let Some(user) = session
-        .get::<SessionUser>(SESSION_USER_KEY)
-        .await
-        .map_err(|e| failed(&e))?
-    else {
-        return Ok(());
+    let failed = |err: &dyn std::fmt::Display| {
+        let incident = crate::incident::Incident::record("refreshing the session", err);
+        (StatusCode::INTERNAL_SERVER_ERROR, incident.message()).into_response()
     };
     match state.store.credentials(&user.username).await {
         Ok(Some(current)) if current.user.role == user.role => Ok(()),
@@ -866,7 +906,8 @@ async fn refresh_session_user(state: &AppState, session: &Session) -> Result<(),
             .await
             .map_err(|e| failed(&e)),
         Ok(None) => session.flush().await.map_err(|e| failed(&e)),
-        Err(err) => Err(failed(&err)),
+        Err(err) if err.is_internal() => Err(failed(&err)),
+        Err(err) => Err(session_unreadable(state, err.to_string()).await),
     }
 }
 

@@ -110,17 +110,17 @@ fn the_quick_benchmark_reports_every_figure_on_postgres() {
     assert_every_figure(&report, "postgres");
 }
 
-/// The README's in-flight table is the committed benchmark output, not a
+/// benches/README.md's in-flight table is the committed benchmark output, not a
 /// copy: regenerate it with `saga-harness bench --in-flight-table
 /// benches/results/in-flight.json` after a new run.
 #[test]
 fn the_readme_in_flight_table_is_generated_from_the_committed_results() {
     let report = committed("in-flight.json");
-    let readme = std::fs::read_to_string("README.md").unwrap();
+    let readme = std::fs::read_to_string("benches/README.md").unwrap();
     assert_eq!(
         readme_region(&readme, "in-flight table", "in-flight.json"),
         saga_harness::bench::in_flight_table(&report),
-        "README.md's in-flight table differs from benches/results/in-flight.json"
+        "benches/README.md's in-flight table differs from benches/results/in-flight.json"
     );
 }
 
@@ -131,30 +131,30 @@ fn committed(file: &str) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} is not JSON: {e}"))
 }
 
-/// The README's region between `<!-- NAME: generated from
+/// A README's region between `<!-- NAME: generated from
 /// benches/results/FILE -->` and `<!-- end of the NAME -->`.
 fn readme_region<'a>(readme: &'a str, name: &str, file: &str) -> &'a str {
     let start = format!("<!-- {name}: generated from benches/results/{file} -->\n");
     let end = format!("<!-- end of the {name} -->");
     let from = readme
         .find(&start)
-        .unwrap_or_else(|| panic!("README.md has no opening marker for {name}"))
+        .unwrap_or_else(|| panic!("no opening marker for {name}"))
         + start.len();
     let to = from
         + readme[from..]
             .find(&end)
-            .unwrap_or_else(|| panic!("README.md has no closing marker for {name}"));
+            .unwrap_or_else(|| panic!("no closing marker for {name}"));
     &readme[from..to]
 }
 
-/// The README's benchmark, targets and durability tables are the committed
+/// benches/README.md's benchmark, targets and durability tables are the committed
 /// benchmark output, not copies: regenerate them with `saga-harness bench
 /// --readme-tables benches/results/bench.json` after `./scripts/bench.sh`.
 #[test]
 fn the_readme_benchmark_tables_are_generated_from_one_committed_run() {
     use saga_harness::bench::readme;
     let report = committed("bench.json");
-    let readme_text = std::fs::read_to_string("README.md").unwrap();
+    let readme_text = std::fs::read_to_string("benches/README.md").unwrap();
     for (name, table) in [
         ("benchmark table", readme::figures_table(&report)),
         ("targets table", readme::targets_table(&report)),
@@ -163,7 +163,67 @@ fn the_readme_benchmark_tables_are_generated_from_one_committed_run() {
         assert_eq!(
             readme_region(&readme_text, name, "bench.json"),
             table,
-            "README.md's {name} differs from benches/results/bench.json"
+            "benches/README.md's {name} differs from benches/results/bench.json"
+        );
+    }
+}
+
+/// The README's table of faults outside the process: one row per fault
+/// test, from what the test measured in its last committed run.
+fn faults_table(rows: &Value) -> String {
+    let mut table = String::from(
+        "| fault | what the test does | what it checks | result in the committed run | knob |\n\
+         |---|---|---|---|---|\n",
+    );
+    for row in rows.as_array().expect("a list of rows") {
+        let cell = |name: &str| row[name].as_str().unwrap_or("").replace('|', "\\|");
+        table.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            cell("fault"),
+            cell("done"),
+            cell("checked"),
+            cell("result"),
+            cell("knob")
+        ));
+    }
+    table
+}
+
+/// The README's table of faults is the committed output of the fault tests,
+/// not a copy: `./scripts/faults.sh` runs them and rewrites it (with
+/// `SAGA_UPDATE_README=1` this test writes the table instead of checking).
+#[test]
+fn the_readme_faults_table_is_generated_from_the_committed_fault_run() {
+    let rows = committed("faults.json");
+    let table = faults_table(&rows);
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let region = readme_region(&readme, "faults table", "faults.json");
+    if std::env::var_os("SAGA_UPDATE_README").is_some() {
+        // The region is a slice of `readme`: splice by position.
+        let from = region.as_ptr() as usize - readme.as_ptr() as usize;
+        let updated = format!(
+            "{}{table}{}",
+            &readme[..from],
+            &readme[from + region.len()..]
+        );
+        std::fs::write("README.md", updated).unwrap();
+        return;
+    }
+    assert_eq!(
+        region, table,
+        "README.md's faults table differs from benches/results/faults.json"
+    );
+    for fault in [
+        "PostgreSQL stopped in immediate mode",
+        "PgBouncer killed and restarted",
+        "a synchronous standby takes over",
+        "connections cut mid-statement",
+        "a full disk (SQLite)",
+        "the database unreachable",
+    ] {
+        assert!(
+            rows.as_array().unwrap().iter().any(|r| r["fault"] == fault),
+            "benches/results/faults.json has no row for {fault}"
         );
     }
 }

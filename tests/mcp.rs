@@ -291,6 +291,53 @@ async fn reworded_retries(db: common::TestDb) {
     client.cancel().await.unwrap();
 }
 
+/// While the harness's database cannot be reached, an MCP tool call is
+/// answered promptly as a tool error the model can act on (send the same
+/// call again shortly), never an HTTP 5xx or a hang, and nothing is sent;
+/// once the database is back the same call goes through, once.
+#[tokio::test]
+async fn postgres_mcp_while_the_database_is_unreachable_a_call_is_a_retryable_tool_error() {
+    let Some((db, cut)) = common::postgres_through_cut_proxy().await else {
+        return;
+    };
+    let h = start(db).await;
+    let client = client(&format!("{}/mcp", h.base), &h.token, Some("outage")).await;
+    let first = structured(&call(&client, "reship", reship("grace@example.com")).await);
+    assert_eq!(first["outcome"], "confirmed", "{first}");
+
+    cut.down();
+    let started = std::time::Instant::now();
+    let refused = call(&client, "reship", reship("grace@example.com")).await;
+    let took = started.elapsed();
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    let words = format!("{:?}", refused.content);
+    assert!(
+        words.contains("database cannot be reached") && words.contains("sent again"),
+        "{words}"
+    );
+    assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
+    assert_eq!(
+        h.sims
+            .warehouse
+            .state
+            .faults
+            .requests_to("POST", "/v1/shipments"),
+        1,
+        "a call whose intent could not be written was sent"
+    );
+
+    cut.up();
+    let again = common::until("the same call to go through", || async {
+        let answer = call(&client, "reship", reship("grace@example.com")).await;
+        (answer.is_error != Some(true)).then(|| structured(&answer))
+    })
+    .await;
+    assert_eq!(again["outcome"], "confirmed", "{again}");
+    assert_eq!(again["step"], 1, "{again}");
+    assert_eq!(h.sims.warehouse.ledger().of("shipment.created").len(), 2);
+    client.cancel().await.unwrap();
+}
+
 /// The harness is killed while an MCP call is in flight (the warehouse
 /// made the shipment and is slow to answer). After the restart the client
 /// connects again and calls again, reworded: the gateway maps the call to

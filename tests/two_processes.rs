@@ -275,6 +275,17 @@ async fn paused_owner(db: common::TestDb) {
         saga_harness::saga::model::Actor::System,
         "{outcomes:?}"
     );
+    if !db.pooler {
+        common::report_fault(
+            "an instance frozen with its request in flight",
+            "SIGSTOP while the warehouse holds the answer; another instance takes the run after \
+             its lease (tests/two_processes.rs, directly and through PgBouncer)",
+            "the step's outcomes in the audit trail; requests and shipments",
+            "settled once, by the other instance's lookup; the woken instance read the same \
+             reference and wrote nothing over it; 1 request, 1 shipment",
+            "—",
+        );
+    }
 }
 
 /// A system the frozen instance's call goes to, and how to count what it
@@ -330,40 +341,53 @@ fn is_stopped(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-/// An instance freezes (SIGSTOP, by a failpoint) right after its step's
-/// INTENDED row is committed and before its request leaves, for three
+/// Where a failpoint freezes an instance (SIGSTOP) on its way to a call.
+#[derive(Clone, Copy, Debug)]
+enum Freeze {
+    /// Before the step's INTENDED row is written: the call has reached the
+    /// instance and nothing of it is in the log yet.
+    BeforeItsIntent,
+    /// After the INTENDED row is committed and before the request leaves.
+    BeforeTheRequestLeft,
+}
+
+impl Freeze {
+    fn failpoint(self) -> &'static str {
+        match self {
+            Freeze::BeforeItsIntent => "dispatch.before_intent:1:stop",
+            Freeze::BeforeTheRequestLeft => "dispatch.before_call:1:stop",
+        }
+    }
+}
+
+/// An instance freezes (SIGSTOP, by a failpoint) at `freeze`, for three
 /// lease lengths. Another instance takes the run over, finds nothing by
-/// lookup and makes the call. When the frozen one is continued, it finds
-/// by its own clock that its lease ran out, asks the database, learns the
-/// run is no longer its own and sends nothing: one request, one effect,
-/// also on a system with no idempotency of its own.
-async fn frozen_before_the_request_left(db: common::TestDb, target: Target) {
+/// lookup and makes the call. When the frozen one is continued it sends
+/// nothing: frozen after its intent, it finds by its own clock that its
+/// lease ran out, asks the database, learns the run is no longer its own
+/// and answers `409 run_busy`; frozen before its intent, its intent meets
+/// the step the other wrote, and it answers with that step's outcome. One
+/// request, one effect, also on a system with no idempotency of its own.
+async fn frozen(db: common::TestDb, target: Target, freeze: Freeze) {
     let (sims, _dir, tools) = simulators_and_tools().await;
     let token = provision(&db.direct_url, AGENT, &[]).await;
     let lease_ms = 1_000;
     let mut launch = Launch::new(&db.url, Some(&tools))
         .env("SAGA_RUN_LEASE_MS", &lease_ms.to_string())
-        .failpoint("dispatch.before_call:1:stop");
+        .failpoint(freeze.failpoint());
     for (name, value) in db.env() {
         launch = launch.env(&name, &value);
     }
     let frozen = Harness::start(&launch).await;
     let other = spawn_harness(&db, &tools, Some(lease_ms)).await;
     let http = reqwest::Client::new();
-    let run = new_run(&http, &frozen.base, &token, "frozen before sending").await;
+    let run = new_run(&http, &frozen.base, &token, "frozen on its way to a call").await;
     let in_flight = tokio::spawn({
         let (http, token) = (http.clone(), token.clone());
         let url = format!("{}/api/v1/runs/{run}/calls", frozen.base);
         async move { post(&http, url, &token, target.call()).await }
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !is_stopped(frozen.pid) {
-        assert!(
-            Instant::now() < deadline,
-            "the failpoint never froze the instance"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_stopped(frozen.pid).await;
     assert_eq!(
         target.counts(&sims),
         (0, 0),
@@ -381,28 +405,164 @@ async fn frozen_before_the_request_left(db: common::TestDb, target: Target) {
     assert_eq!(taken_over["outcome"], "confirmed", "{taken_over}");
     signal(frozen.pid, "-CONT");
     let (status, late) = in_flight.await.unwrap();
-    assert_eq!(status, 409, "{late}");
-    assert_eq!(late["code"], "run_busy", "{late}");
+    match freeze {
+        Freeze::BeforeTheRequestLeft => {
+            assert_eq!(status, 409, "{late}");
+            assert_eq!(late["code"], "run_busy", "{late}");
+            assert!(
+                frozen
+                    .log_text()
+                    .contains("taken over while this process was paused"),
+                "{}",
+                frozen.log_text()
+            );
+        }
+        Freeze::BeforeItsIntent => {
+            assert!(status == 200 || status == 409, "{status} {late}");
+            if status == 200 {
+                assert_eq!(late["external_ref"], taken_over["external_ref"], "{late}");
+            }
+        }
+    }
     assert_eq!(
         target.counts(&sims),
         (1, 1),
-        "{target:?}: one request and one effect for one step"
+        "{target:?} frozen {freeze:?}: one request and one effect for one step"
     );
-    assert!(
-        frozen
-            .log_text()
-            .contains("taken over while this process was paused"),
-        "{}",
-        frozen.log_text()
-    );
+    if !db.pooler {
+        let moment = match freeze {
+            Freeze::BeforeItsIntent => "before its INTENDED row was written",
+            Freeze::BeforeTheRequestLeft => "after its INTENDED row, before the request left",
+        };
+        let system = match target {
+            Target::Warehouse => "the warehouse (idempotency key)",
+            Target::Jira => "Jira (lookup only)",
+        };
+        common::report_fault(
+            &format!("an instance frozen {moment}, calling {system}"),
+            "a failpoint stops the process (SIGSTOP); three lease lengths later another instance \
+             takes the run and makes the call; then the frozen one is continued \
+             (tests/two_processes.rs, directly and through PgBouncer)",
+            "the woken instance's answer; requests and effects on the system",
+            &format!(
+                "the woken instance answered `{status}`{}; 1 request, 1 effect",
+                late["code"]
+                    .as_str()
+                    .map(|code| format!(" `{code}`"))
+                    .unwrap_or_default()
+            ),
+            "—",
+        );
+    }
+}
+
+/// Waits until the failpoint has frozen the process.
+async fn until_stopped(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !is_stopped(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the failpoint never froze the instance"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 async fn frozen_before_sending_to_the_warehouse(db: common::TestDb) {
-    frozen_before_the_request_left(db, Target::Warehouse).await;
+    frozen(db, Target::Warehouse, Freeze::BeforeTheRequestLeft).await;
 }
 
 async fn frozen_before_sending_to_jira(db: common::TestDb) {
-    frozen_before_the_request_left(db, Target::Jira).await;
+    frozen(db, Target::Jira, Freeze::BeforeTheRequestLeft).await;
+}
+
+async fn frozen_before_the_intent_for_the_warehouse(db: common::TestDb) {
+    frozen(db, Target::Warehouse, Freeze::BeforeItsIntent).await;
+}
+
+async fn frozen_before_the_intent_for_jira(db: common::TestDb) {
+    frozen(db, Target::Jira, Freeze::BeforeItsIntent).await;
+}
+
+/// An instance freezes with its request to Jira in flight: Jira has made
+/// the issue and holds its answer back, and Jira's search does not list a
+/// new issue for 4 s. Three lease lengths later another instance takes the
+/// run over: its first look finds nothing (the search lags), and the look
+/// after the settle pause finds the issue, so it makes no second one.
+/// When the frozen instance is continued its late answer is not written
+/// over the log: one request, one issue.
+async fn frozen_in_flight_to_jira_whose_search_lags(db: common::TestDb) {
+    let sims = Simulators::start("127.0.0.1".parse().unwrap(), 0)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = common::process::tools_file(&sims, dir.path(), 2_500);
+    sims.jira
+        .state
+        .faults
+        .set_search_lag(Duration::from_secs(4));
+    for path in ["/rest/api/2/issue", "/rest/api/3/issue"] {
+        sims.jira
+            .state
+            .faults
+            .inject(FaultRule::new("POST", path, Fault::Delay { ms: 4_000 }));
+    }
+    let token = provision(&db.direct_url, AGENT, &[]).await;
+    let lease_ms = 1_000;
+    let frozen = spawn_harness(&db, &tools, Some(lease_ms)).await;
+    let other = spawn_harness(&db, &tools, Some(lease_ms)).await;
+    let http = reqwest::Client::new();
+    let run = new_run(&http, &frozen.base, &token, "frozen in flight to Jira").await;
+    let in_flight = tokio::spawn({
+        let (http, token) = (http.clone(), token.clone());
+        let url = format!("{}/api/v1/runs/{run}/calls", frozen.base);
+        async move { post(&http, url, &token, Target::Jira.call()).await }
+    });
+    common::until("Jira to get the request", || async {
+        (Target::Jira.counts(&sims).0 == 1).then_some(())
+    })
+    .await;
+    signal(frozen.pid, "-STOP");
+    tokio::time::sleep(Duration::from_millis(3 * lease_ms)).await;
+    let (status, taken_over) = post(
+        &http,
+        format!("{}/api/v1/runs/{run}/calls", other.base),
+        &token,
+        Target::Jira.call(),
+    )
+    .await;
+    assert_eq!(status, 200, "{taken_over}");
+    assert_eq!(taken_over["outcome"], "confirmed", "{taken_over}");
+    signal(frozen.pid, "-CONT");
+    let (status, late) = in_flight.await.unwrap();
+    assert_eq!(status, 200, "{late}");
+    assert_eq!(late["external_ref"], taken_over["external_ref"], "{late}");
+    assert_eq!(
+        Target::Jira.counts(&sims),
+        (1, 1),
+        "one request and one issue for one step"
+    );
+    let faults = &sims.jira.state.faults;
+    let looked = faults.requests_to("GET", "/rest/api/2/search")
+        + faults.requests_to("POST", "/rest/api/3/search");
+    assert!(
+        looked >= 2,
+        "the other instance looked once, not twice: {looked}"
+    );
+    if !db.pooler {
+        common::report_fault(
+            "an instance frozen with its request in flight, to a system whose search lags",
+            "SIGSTOP while Jira holds the answer to an issue it made; Jira's search lists a new \
+             issue only after 4 s; three lease lengths later another instance takes the run \
+             (tests/two_processes.rs, directly and through PgBouncer)",
+            "lookups made; the woken instance's answer; requests and issues on Jira",
+            &format!(
+                "{looked} searches (the first found nothing, the look after the settle pause found \
+                 the issue); the woken instance read the same reference; 1 request, 1 issue"
+            ),
+            "—",
+        );
+    }
 }
 
 fn signal(pid: u32, which: &str) {
@@ -454,4 +614,13 @@ directly_and_through_pgbouncer! {
     frozen_before_sending_to_jira:
         postgres_frozen_before_sending_to_a_system_without_idempotency_one_effect,
         pgbouncer_frozen_before_sending_to_a_system_without_idempotency_one_effect;
+    frozen_before_the_intent_for_the_warehouse:
+        postgres_an_instance_frozen_before_its_intent_makes_no_second_effect_when_continued,
+        pgbouncer_an_instance_frozen_before_its_intent_makes_no_second_effect_when_continued;
+    frozen_before_the_intent_for_jira:
+        postgres_frozen_before_the_intent_for_a_system_without_idempotency_one_effect,
+        pgbouncer_frozen_before_the_intent_for_a_system_without_idempotency_one_effect;
+    frozen_in_flight_to_jira_whose_search_lags:
+        postgres_frozen_in_flight_to_a_system_whose_search_lags_the_second_look_finds_the_effect,
+        pgbouncer_frozen_in_flight_to_a_system_whose_search_lags_the_second_look_finds_the_effect;
 }

@@ -235,7 +235,9 @@ impl From<Refusal> for ApiError {
             // re-sends the same step shortly and reads its outcome.
             // The database cannot be reached: nothing was sent; the agent
             // sends the same request again after the wait.
-            Refusal::Store(StoreError::Unavailable { cause }) => {
+            Refusal::Store(
+                StoreError::Unavailable { cause } | StoreError::OutcomeUnrecorded { cause },
+            ) => {
                 tracing::warn!(%cause, "agent API: the database cannot be reached");
                 return ApiError {
                     retry_after: Some(STORE_RETRY_AFTER_SECS),
@@ -401,6 +403,25 @@ impl FromRequestParts<AppState> for Agent {
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
         look_up_agent(state, bearer_hash(parts)?).await.map(Agent)
+    }
+}
+
+impl Agent {
+    /// The agent behind the request's token; while the database cannot be
+    /// reached, a token this instance found valid before still names its
+    /// agent (nothing can be written then, so the call that follows is
+    /// refused by the engine in its own words, which the MCP gateway
+    /// answers as a tool error the model can act on).
+    pub async fn through_outage(parts: &mut Parts, state: &AppState) -> Result<Agent, ApiError> {
+        let hash = bearer_hash(parts)?;
+        match look_up_agent(state, hash.clone()).await {
+            Err(unreachable) if unreachable.code == "store_unavailable" => state
+                .known_tokens
+                .agent(&hash)
+                .map(Agent)
+                .ok_or(unreachable),
+            found => found.map(Agent),
+        }
     }
 }
 

@@ -348,7 +348,7 @@ pub fn targets(figures: &Figures) -> Vec<(String, Option<f64>, f64)> {
     out
 }
 
-/// The README's in-flight table, made from a report `bench --in-flight
+/// benches/README.md's in-flight table, made from a report `bench --in-flight
 /// --json` wrote (benches/results/in-flight.json), so the README never
 /// copies a figure by hand.
 pub fn markdown(report: &Value) -> String {

@@ -306,7 +306,7 @@ fn read_report(path: &std::path::Path) -> anyhow::Result<Value> {
     .with_context(|| format!("{} is not a benchmark report", path.display()))
 }
 
-/// The README's in-flight table from a `bench --in-flight --json` report.
+/// benches/README.md's in-flight table from a `bench --in-flight --json` report.
 pub fn in_flight_table(report: &Value) -> String {
     in_flight::markdown(report)
 }

@@ -1,4 +1,4 @@
-//! The README's benchmark tables, made from a report `bench --json` wrote
+//! benches/README.md's benchmark tables, made from a report `bench --json` wrote
 //! (benches/results/bench.json), so no figure in the README is copied by
 //! hand and two tables can never disagree about the same run.
 

@@ -1068,10 +1068,9 @@ async fn authenticate(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    use axum::extract::FromRequestParts as _;
     use axum::response::IntoResponse as _;
     let (mut parts, body) = request.into_parts();
-    let agent = match crate::api::Agent::from_request_parts(&mut parts, &state).await {
+    let agent = match crate::api::Agent::through_outage(&mut parts, &state).await {
         Ok(agent) => agent.0,
         Err(refused) => {
             let mut response = refused.into_response();

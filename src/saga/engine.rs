@@ -227,7 +227,7 @@ impl Refusal {
     /// The database could not be reached: nothing was done, and the same
     /// request can be made again once it is back.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, Refusal::Store(StoreError::Unavailable { .. }))
+        matches!(self, Refusal::Store(err) if err.is_unavailable())
     }
 
     /// A failure inside the harness rather than a refusal of the request.
@@ -254,7 +254,7 @@ impl Refusal {
             Refusal::RunHasOpenEffects(_) => "run_has_open_effects",
             Refusal::QuestionAskedAgain { .. } => "question_asked_again",
             Refusal::TokenNotValid => "unauthorized",
-            Refusal::Store(StoreError::Unavailable { .. }) => "store_unavailable",
+            Refusal::Store(err) if err.is_unavailable() => "store_unavailable",
             Refusal::Store(_) => "internal",
         }
     }
@@ -380,6 +380,9 @@ pub struct Engine {
     /// The first pause before the engine sends a refused call again.
     first_resend_pause: std::time::Duration,
     fences: Fences,
+    /// The longest a system's call may take to be answered (connecting
+    /// included): a lease must outlast it before the call is sent.
+    longest_call: std::time::Duration,
 }
 
 impl Engine {
@@ -397,6 +400,10 @@ impl Engine {
             hold_offs: Default::default(),
             first_resend_pause: super::resend::FIRST_PAUSE,
             fences: Default::default(),
+            longest_call: {
+                let timeouts = crate::connectors::wire::Timeouts::default();
+                timeouts.connect + timeouts.request
+            },
         }
     }
 
@@ -568,7 +575,7 @@ impl Engine {
             .get(&run_id)
             .cloned();
         match fence {
-            Some(fence) => Ok(fence.confirm().await?),
+            Some(fence) => Ok(fence.confirm(self.longest_call).await?),
             None => Ok(()),
         }
     }
@@ -1349,6 +1356,9 @@ impl Engine {
                 .ok_or_else(|| StoreError::NotFound {
                     what: format!("step {} of run {}", step.step_idx, step.run_id),
                 })?,
+            Err(StoreError::Unavailable { cause }) => {
+                return Err(StoreError::OutcomeUnrecorded { cause }.into())
+            }
             Err(err) => return Err(err.into()),
         };
         if settled.status == StepStatus::Unknown && durability == Durability::Durable {

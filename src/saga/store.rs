@@ -55,6 +55,11 @@ pub enum StoreError {
     /// the log only.
     #[error("the harness's database cannot be reached now; nothing was sent, and the same request can be sent again in a few seconds")]
     Unavailable { cause: String },
+    /// The call was made, and then the database could not take its
+    /// outcome: the step stays as its intent left it, and the next call
+    /// for it (or the next start) settles it by lookup under its key.
+    #[error("the call was sent, but the harness's database could not record its outcome; it may have happened. Send the same request again in a few seconds: the harness looks the outcome up under the step's key and never makes the call twice")]
+    OutcomeUnrecorded { cause: String },
     /// A row in the database that this version cannot read.
     #[error("corrupt row: {0}")]
     Corrupt(String),
@@ -67,6 +72,15 @@ impl StoreError {
     /// words are for the log, never for whoever asked.
     pub fn is_internal(&self) -> bool {
         matches!(self, StoreError::Database(_) | StoreError::Corrupt(_))
+    }
+
+    /// The database could not be reached; the same request can be sent
+    /// again once it is back.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Unavailable { .. } | StoreError::OutcomeUnrecorded { .. }
+        )
     }
 }
 
@@ -83,12 +97,12 @@ pub enum Backend {
 /// is sure to hold the run without asking the database.
 #[async_trait]
 pub trait LeaseFence: Send + Sync {
-    /// `Ok` when this holder may still send a call of the run: its lease
-    /// has at least a renewal period left by its own clock (renewals keep
-    /// it so unless the process was paused), or renewing it now, in the
-    /// database, confirms the run is still this holder's. `LeaseLost`
-    /// otherwise.
-    async fn confirm(&self) -> StoreResult<()>;
+    /// `Ok` when this holder may still send a call of the run that can
+    /// take up to `call` to be answered: by its own clock its lease lasts
+    /// that long plus a margin (and at least a renewal period), or renewing
+    /// it now, in the database, confirms the run is still this holder's.
+    /// `LeaseLost` otherwise.
+    async fn confirm(&self, call: std::time::Duration) -> StoreResult<()>;
 }
 
 /// Exclusive work on one run across every harness process sharing the

@@ -17,7 +17,7 @@ pub struct TestDb {
     pub pooler: bool,
     _dir: Option<TempDir>,
     postgres: Option<(String, String)>,
-    bouncer: Option<std::process::Child>,
+    bouncer: Option<cluster::Bouncer>,
 }
 
 impl TestDb {
@@ -27,6 +27,11 @@ impl TestDb {
             pg_transaction_pooler: self.pooler,
             ..Default::default()
         }
+    }
+
+    /// The PgBouncer in front, for a test that kills or restarts it.
+    pub fn bouncer_mut(&mut self) -> &mut cluster::Bouncer {
+        self.bouncer.as_mut().expect("a database behind PgBouncer")
     }
 
     /// The environment a harness process needs for `url`.
@@ -84,7 +89,7 @@ pub async fn postgres() -> Option<TestDb> {
 /// (`CutProxy::down`), for the faults of a database that goes away.
 pub async fn postgres_through_cut_proxy() -> Option<(TestDb, proxy::CutProxy)> {
     let mut db = postgres().await?;
-    let server = ServerAddress::parse(&db.direct_url);
+    let server = upstream_of(&db.direct_url);
     let host = if server.host == "localhost" {
         "127.0.0.1".to_owned()
     } else {
@@ -107,108 +112,36 @@ pub async fn postgres_through_cut_proxy() -> Option<(TestDb, proxy::CutProxy)> {
 /// scale. `None` where `postgres()` is; under CI a missing PgBouncer fails.
 pub async fn postgres_via_pgbouncer() -> Option<TestDb> {
     let mut db = postgres().await?;
-    let binary = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists());
-    let Some(binary) = binary else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set but pgbouncer is not installed: the PgBouncer tests cannot be skipped in CI"
-        );
-        eprintln!("pgbouncer is not installed: skipping");
-        return None;
-    };
-    let server = ServerAddress::parse(&db.direct_url);
-    let dir = tempfile::tempdir().expect("a directory for PgBouncer");
-    let port = process::free_port();
-    let config = dir.path().join("pgbouncer.ini");
-    std::fs::write(
-        &config,
-        format!(
-            "[databases]\n* = host={host} port={server_port} user={user} password={password}\n\
-             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
-             auth_type = any\npool_mode = transaction\nmax_client_conn = 2000\n\
-             default_pool_size = 20\nignore_startup_parameters = extra_float_digits,options\n\
-             logfile =\npidfile =\n",
-            host = server.host,
-            server_port = server.port,
-            user = server.user,
-            password = server.password,
-        ),
-    )
-    .expect("the PgBouncer configuration");
-    let mut command = std::process::Command::new(binary);
-    // PgBouncer refuses to run as root; as root it is asked to switch.
-    let as_root = std::process::Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout.starts_with(b"0\n"))
-        .unwrap_or(false);
-    if as_root {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
-        command.args(["-u", "postgres"]);
-    }
-    let child = command
-        .arg(&config)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("pgbouncer starts");
-    db.bouncer = Some(child);
-    db._dir = Some(dir);
+    let server = upstream_of(&db.direct_url);
+    let bouncer = cluster::Bouncer::start(&server).await?;
     let name = &db.postgres.as_ref().expect("a PostgreSQL database").1;
+    bouncer
+        .wait_ready(name, &server.user, &server.password)
+        .await;
     db.url = format!(
-        "postgres://{}:{}@127.0.0.1:{port}/{name}",
-        server.user, server.password
+        "postgres://{}:{}@127.0.0.1:{}/{name}",
+        server.user, server.password, bouncer.port
     );
     db.pooler = true;
-    // Ready once a statement goes through it.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        use sqlx::Connection;
-        let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&db.url)
-            .unwrap()
-            .statement_cache_capacity(0);
-        if let Ok(mut conn) = sqlx::PgConnection::connect_with(&options).await {
-            if sqlx::raw_sql("SELECT 1").execute(&mut conn).await.is_ok() {
-                break;
-            }
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "PgBouncer on port {port} did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    db.bouncer = Some(bouncer);
     Some(db)
 }
 
-/// The parts of a `postgres://USER:PASSWORD@HOST:PORT/DB` URL PgBouncer
-/// needs to reach the server.
-struct ServerAddress {
-    user: String,
-    password: String,
-    host: String,
-    port: u16,
-}
-
-impl ServerAddress {
-    fn parse(url: &str) -> ServerAddress {
-        let rest = url.split_once("://").expect("a URL").1;
-        let (credentials, place) = rest.rsplit_once('@').expect("credentials in the URL");
-        let (user, password) = credentials.split_once(':').unwrap_or((credentials, ""));
-        let authority = place.split('/').next().unwrap_or(place);
-        let (host, port) = authority
-            .rsplit_once(':')
-            .map_or((authority, 5432), |(h, p)| (h, p.parse().expect("a port")));
-        ServerAddress {
-            user: user.to_owned(),
-            password: password.to_owned(),
-            host: host.to_owned(),
-            port,
-        }
+/// The server a `postgres://USER:PASSWORD@HOST:PORT/DB` URL names, as
+/// PgBouncer needs it.
+pub fn upstream_of(url: &str) -> cluster::Upstream {
+    let rest = url.split_once("://").expect("a URL").1;
+    let (credentials, place) = rest.rsplit_once('@').expect("credentials in the URL");
+    let (user, password) = credentials.split_once(':').unwrap_or((credentials, ""));
+    let authority = place.split('/').next().unwrap_or(place);
+    let (host, port) = authority
+        .rsplit_once(':')
+        .map_or((authority, 5432), |(h, p)| (h, p.parse().expect("a port")));
+    cluster::Upstream {
+        user: user.to_owned(),
+        password: password.to_owned(),
+        host: host.to_owned(),
+        port,
     }
 }
 
@@ -269,10 +202,7 @@ fn with_database(url: &str, name: &str) -> String {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        if let Some(mut bouncer) = self.bouncer.take() {
-            let _ = bouncer.kill();
-            let _ = bouncer.wait();
-        }
+        drop(self.bouncer.take());
         if let Some((admin_url, name)) = self.postgres.take() {
             // Drop runs inside the test's runtime, which must not block
             // here: the store's background work (a lease being released)
@@ -315,6 +245,7 @@ where
     }
 }
 
+pub mod cluster;
 pub mod crash;
 pub mod process;
 pub mod proxy;
@@ -353,3 +284,26 @@ macro_rules! on_both_backends {
 }
 #[allow(unused_imports)]
 pub(crate) use on_both_backends;
+
+/// One row of the README's table of faults outside the process, written
+/// as a JSON line to the file `SAGA_FAULT_REPORT` names (scripts/faults.sh
+/// sets it and gathers the lines into benches/results/faults.json). The
+/// figures in `result` are the ones the test measured.
+pub fn report_fault(fault: &str, done: &str, checked: &str, result: &str, knob: &str) {
+    use std::io::Write as _;
+    let Some(path) = std::env::var_os("SAGA_FAULT_REPORT") else {
+        return;
+    };
+    let row = serde_json::json!({
+        "fault": fault, "done": done, "checked": checked, "result": result, "knob": knob,
+    });
+    println!("fault report: {row}");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("the fault report opens");
+    // One write per line: appends from tests running at once stay whole.
+    file.write_all(format!("{row}\n").as_bytes())
+        .expect("the fault report is written");
+}

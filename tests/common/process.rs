@@ -369,3 +369,142 @@ impl ApiAgent {
             .await
     }
 }
+
+/// What a crowd of agents met while the world failed around the harness.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// How many answers came with each HTTP status.
+    pub statuses: std::collections::BTreeMap<u16, usize>,
+    /// Requests that got no HTTP answer at all.
+    pub no_answer: usize,
+    /// The longest any `503` took to come.
+    pub slowest_refusal: Duration,
+    /// When the last `503` came.
+    pub last_refusal: Option<Instant>,
+    /// Each step the harness said was confirmed: (run, step, reference).
+    pub confirmed: Vec<(String, i64, String)>,
+}
+
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        for (status, n) in other.statuses {
+            *self.statuses.entry(status).or_default() += n;
+        }
+        self.no_answer += other.no_answer;
+        self.slowest_refusal = self.slowest_refusal.max(other.slowest_refusal);
+        self.last_refusal = self.last_refusal.max(other.last_refusal);
+        self.confirmed.extend(other.confirmed);
+    }
+
+    /// Answers with this status.
+    pub fn count(&self, status: u16) -> usize {
+        self.statuses.get(&status).copied().unwrap_or(0)
+    }
+
+    /// Every answer that was not a success (200, or 201 for a new run), a
+    /// `503` (the database cannot be reached: send again) or a `409` (the
+    /// run is busy or moved under the call: send again).
+    pub fn unexpected(&self) -> Vec<(u16, usize)> {
+        self.statuses
+            .iter()
+            .filter(|(s, _)| !matches!(**s, 200 | 201 | 409 | 503))
+            .map(|(s, n)| (*s, *n))
+            .collect()
+    }
+
+    fn saw(&mut self, status: u16, took: Duration) {
+        *self.statuses.entry(status).or_default() += 1;
+        if status == 503 {
+            self.slowest_refusal = self.slowest_refusal.max(took);
+            self.last_refusal = Some(Instant::now());
+        }
+    }
+}
+
+/// `agents` agents, each creating a run and making `calls` reship calls
+/// through the HTTP API, as a well-behaved agent does: any answer that is
+/// not final (no answer, `503`, an outcome that is not confirmed) is sent
+/// again, unchanged, 50 ms later. Returns once every step is confirmed,
+/// or panics after `give_up`.
+pub async fn crowd(base: &str, token: &str, agents: usize, calls: i64, give_up: Duration) -> Tally {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("a client");
+    let deadline = Instant::now() + give_up;
+    let agent = |n: usize| {
+        let (http, base, token) = (http.clone(), base.to_owned(), token.to_owned());
+        async move {
+            let mut tally = Tally::default();
+            let pause = || tokio::time::sleep(Duration::from_millis(50));
+            let run = loop {
+                assert!(Instant::now() < deadline, "agent {n} never got a run");
+                let started = Instant::now();
+                let created = http
+                    .post(format!("{base}/api/v1/runs"))
+                    .bearer_auth(&token)
+                    .json(&serde_json::json!({"purpose": format!("agent {n}"), "label": format!("agent-{n}")}))
+                    .send()
+                    .await;
+                match created {
+                    Ok(answer) => {
+                        tally.saw(answer.status().as_u16(), started.elapsed());
+                        if answer.status().is_success() {
+                            let body: serde_json::Value = answer.json().await.unwrap();
+                            break body["run"]["id"].as_str().unwrap().to_owned();
+                        }
+                    }
+                    Err(_) => tally.no_answer += 1,
+                }
+                pause().await;
+            };
+            for step in 0..calls {
+                loop {
+                    assert!(
+                        Instant::now() < deadline,
+                        "agent {n} never got step {step} confirmed: {tally:?}"
+                    );
+                    let started = Instant::now();
+                    let answer = http
+                        .post(format!("{base}/api/v1/runs/{run}/calls"))
+                        .bearer_auth(&token)
+                        .json(&serde_json::json!({"tool": "reship", "step": step,
+                            "args": {"order_id": format!("ord_{n}_{step}"), "items": ["LAMP-7"], "email": "grace@example.com"}}))
+                        .send()
+                        .await;
+                    match answer {
+                        Ok(answer) => {
+                            let status = answer.status().as_u16();
+                            tally.saw(status, started.elapsed());
+                            if status == 200 {
+                                let body: serde_json::Value = answer.json().await.unwrap();
+                                if body["outcome"] == "confirmed" {
+                                    let reference =
+                                        body["external_ref"].as_str().unwrap_or("").to_owned();
+                                    tally.confirmed.push((run.clone(), step, reference));
+                                    break;
+                                }
+                            }
+                        }
+                        Err(_) => tally.no_answer += 1,
+                    }
+                    pause().await;
+                }
+            }
+            tally
+        }
+    };
+    let mut all = Tally::default();
+    for tally in futures::future::join_all((0..agents).map(agent)).await {
+        all.add(tally);
+    }
+    all
+}
+
+/// A fault test's size knob: `variable` as a number, else `default`.
+pub fn knob(variable: &str, default: u64) -> u64 {
+    std::env::var(variable)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}

@@ -373,6 +373,10 @@ impl Drop for LeaseClaim {
 /// conservatively on its own: from the moment it *sent* the statement that
 /// took or renewed the lease, never from the answer. No synchronised wall
 /// clocks are assumed, only that both clocks run at about the same rate.
+/// What a lease must outlast a call by, for the clock rates of two
+/// machines and the time between the check and the request leaving.
+pub const CALL_MARGIN: Duration = Duration::from_secs(1);
+
 pub struct Fence {
     run_id: uuid::Uuid,
     renew_sql: String,
@@ -415,8 +419,14 @@ impl Fence {
 
 #[async_trait::async_trait]
 impl crate::saga::store::LeaseFence for Fence {
-    async fn confirm(&self) -> StoreResult<()> {
-        let margin = self.lease / 3;
+    async fn confirm(&self, call: Duration) -> StoreResult<()> {
+        // A call sent now is answered (or given up on) while the lease
+        // still holds, even if this process stops renewing it mid-call:
+        // no other instance can take the run and look the key up before
+        // the request has had its time. A lease shorter than that is
+        // renewed before every call, the best it can do (the server warns
+        // at start).
+        let margin = (call + CALL_MARGIN).min(self.lease).max(self.lease / 3);
         {
             let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             if state.lost {

@@ -360,6 +360,14 @@ async fn dispatch(target: Target, mut queue: mpsc::Receiver<Job>, counts: Arc<Co
         let conn = match target.pool.acquire().await {
             Ok(conn) => conn,
             Err(err) => {
+                // No connection came within the wait: the database cannot
+                // be reached. Everything queued meanwhile is answered now,
+                // not one wait after another.
+                let mut waiting: Vec<Job> = held.drain(..).collect();
+                while let Ok(job) = queue.try_recv() {
+                    waiting.push(job);
+                }
+                answer_all(waiting, &err);
                 let _ = first.1.send(Err(err));
                 continue;
             }
