@@ -376,7 +376,7 @@ async fn record_each_minute(state: AppState) {
 }
 
 async fn record_minute(state: &AppState) {
-    let sources = crate::ops::metrics::Sources::of(state);
+    let sources = state.metric_sources();
     if let Err(err) = state.metrics.record_minute(sources).await {
         tracing::warn!(%err, "reading the figures for the operators' page");
     }
@@ -909,25 +909,6 @@ async fn refresh_session_user(state: &AppState, session: &Session) -> Result<(),
         Err(err) if err.is_internal() => Err(failed(&err)),
         Err(err) => Err(session_unreadable(state, err.to_string()).await),
     }
-}
-
-/// The client's address: the connection's, or, when the connection comes
-/// from a trusted reverse proxy, the nearest untrusted address its
-/// `X-Forwarded-For` names.
-pub fn client_address(
-    peer: std::net::IpAddr,
-    forwarded_for: Option<&str>,
-    trusted: &[std::net::IpAddr],
-) -> std::net::IpAddr {
-    if !trusted.contains(&peer) {
-        return peer;
-    }
-    forwarded_for
-        .into_iter()
-        .flat_map(|list| list.rsplit(','))
-        .filter_map(|hop| hop.trim().parse::<std::net::IpAddr>().ok())
-        .find(|hop| !trusted.contains(hop))
-        .unwrap_or(peer)
 }
 
 /// Form posts carry the session cookie; refuse those sent from another

@@ -402,6 +402,25 @@ impl Connection {
     }
 }
 
+/// The client's address: the connection's, or, when the connection comes
+/// from a trusted reverse proxy, the nearest untrusted address its
+/// `X-Forwarded-For` names.
+pub fn client_address(
+    peer: std::net::IpAddr,
+    forwarded_for: Option<&str>,
+    trusted: &[std::net::IpAddr],
+) -> std::net::IpAddr {
+    if !trusted.contains(&peer) {
+        return peer;
+    }
+    forwarded_for
+        .into_iter()
+        .flat_map(|list| list.rsplit(','))
+        .filter_map(|hop| hop.trim().parse::<std::net::IpAddr>().ok())
+        .find(|hop| !trusted.contains(hop))
+        .unwrap_or(peer)
+}
+
 #[cfg(test)]
 mod tests {
     use super::client_network;

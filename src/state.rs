@@ -9,6 +9,7 @@ use crate::saga::store::SagaStore;
 use crate::store::Opened;
 use axum::extract::FromRef;
 use leptos::prelude::LeptosOptions;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// What every handler and server function can reach.
@@ -27,11 +28,37 @@ pub struct AppState {
     pub opened: Opened,
     pub metrics: Arc<crate::ops::metrics::Metrics>,
     /// Set once shutdown has begun (`/readyz` then says so).
-    pub draining: crate::ops::health::Draining,
+    pub draining: Draining,
     /// Approvals also asked for in Slack, when the tools file says so.
     pub slack_approvals: Option<Arc<crate::approvals::SlackApprovals>>,
     /// Open event streams and their one poller.
     pub streams: Arc<crate::streams::Streams>,
+}
+
+impl AppState {
+    /// What the operators' figures read at scrape time: the server's own
+    /// database and pool.
+    pub fn metric_sources(&self) -> crate::ops::metrics::Sources<'_> {
+        crate::ops::metrics::Sources {
+            store: self.store.as_ref(),
+            pool: self.opened.pool_use(),
+        }
+    }
+}
+
+/// Set when shutdown begins: a load balancer reading `/readyz` stops
+/// sending calls while the ones in flight finish.
+#[derive(Clone, Default)]
+pub struct Draining(Arc<AtomicBool>);
+
+impl Draining {
+    pub fn start(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
 }
 
 impl FromRef<AppState> for LeptosOptions {

@@ -39,7 +39,7 @@ async fn world(test: &str) -> World {
 
 async fn world_with(test: &str, timeouts: Timeouts, history_pages: Option<i64>) -> World {
     let sim = SimState::default();
-    let running = sim::serve(sim::slack::router(&sim), "127.0.0.1:0".parse().unwrap())
+    let running = sim::serve(sim::slack_app::router(&sim), "127.0.0.1:0".parse().unwrap())
         .await
         .expect("slack simulator starts");
     let variable = format!("SAGA_TEST_SLACK_TOKEN_{}", test.to_uppercase());

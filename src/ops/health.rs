@@ -3,7 +3,7 @@
 //! loaded, and the server is not shutting down), plus the metrics
 //! listener's router.
 
-use super::metrics::{Metrics, Sources};
+use super::metrics::Metrics;
 use crate::state::AppState;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -11,23 +11,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
-/// Set when shutdown begins: a load balancer reading `/readyz` stops
-/// sending calls while the ones in flight finish.
-#[derive(Clone, Default)]
-pub struct Draining(Arc<AtomicBool>);
-
-impl Draining {
-    pub fn start(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-
-    pub fn is_draining(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
-}
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -73,7 +56,7 @@ pub fn metrics_router(state: AppState) -> Router {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     let metrics: &Metrics = &state.metrics;
-    match metrics.render(Sources::of(&state)).await {
+    match metrics.render(state.metric_sources()).await {
         Ok(text) => (
             [(
                 header::CONTENT_TYPE,

@@ -4,7 +4,7 @@
 //! Counters become "how many in each minute", gauges stay levels, and
 //! latencies become each minute's mean.
 
-use crate::ui::operations::{Chart, OperationsView};
+use crate::ui::figures::{Chart, OperationsView};
 use chrono::{DateTime, Utc};
 use prometheus::proto::MetricFamily;
 use std::collections::{BTreeMap, VecDeque};

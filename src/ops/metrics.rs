@@ -48,16 +48,6 @@ pub struct Sources<'a> {
     pub pool: PoolUse,
 }
 
-impl<'a> Sources<'a> {
-    /// The server's own database and pool.
-    pub fn of(state: &'a crate::state::AppState) -> Sources<'a> {
-        Sources {
-            store: state.store.as_ref(),
-            pool: state.opened.pool_use(),
-        }
-    }
-}
-
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();

@@ -93,7 +93,7 @@ impl Simulators {
             zendesk: Sim::start(super::zendesk::router, at(2))
                 .await
                 .map_err(bind("Zendesk", at(2)))?,
-            slack: Sim::start(super::slack::router, at(3))
+            slack: Sim::start(super::slack_app::router, at(3))
                 .await
                 .map_err(bind("Slack", at(3)))?,
             smtp,

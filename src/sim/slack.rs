@@ -2,8 +2,8 @@
 //! (`chat.postMessage`, `chat.update`, `chat.delete`,
 //! `conversations.history`, `conversations.list`) under `/api/`, answering
 //! the way Slack does, and the app's interactivity (a person pressing a
-//! message's button, sent signed to the app's request URL; see
-//! [`super::slack_app`]).
+//! message's button, sent signed to the app's request URL: in
+//! `super::slack_app`, whose `router` serves the whole simulator).
 //!
 //! Slack reports almost every failure in-band: HTTP 200 with
 //! `{"ok": false, "error": "<code>"}`. Only rate limiting changes the status
@@ -41,8 +41,10 @@ const BOT_ID: &str = "B0SAGABOT";
 const APP_ID: &str = "A0SAGAAPP";
 const TEAM_ID: &str = "T0SAGASIM";
 
-/// The Slack simulator's routes, with the fault layer and `/_sim` routes.
-pub fn router(sim: &SimState) -> Router {
+/// The Slack Web API's routes, with the fault layer and `/_sim` routes,
+/// and the workspace they share with the app's interactivity
+/// ([`super::slack_app::router`] serves both).
+pub(super) fn web_api(sim: &SimState) -> (Router, SlackSim) {
     let state = SlackSim {
         sim: sim.clone(),
         workspace: Arc::new(Mutex::new(Workspace::new())),
@@ -60,7 +62,7 @@ pub fn router(sim: &SimState) -> Router {
             get(list_channels).post(list_channels_form),
         )
         .with_state(state.clone());
-    mount(routes, sim, slack_error as ErrorShape).merge(super::slack_app::router(state))
+    (mount(routes, sim, slack_error as ErrorShape), state)
 }
 
 /// An error in Slack's shape. Slack says "no" in-band (HTTP 200,

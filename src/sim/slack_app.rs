@@ -48,7 +48,10 @@ struct AppState {
     app: App,
 }
 
-pub(super) fn router(slack: SlackSim) -> Router {
+/// The Slack simulator's routes: the Web API and the app's interactivity
+/// over one workspace.
+pub fn router(sim: &super::SimState) -> Router {
+    let (web_api, slack) = super::slack::web_api(sim);
     Router::new()
         .route("/_sim/slack/app", post(configure))
         .route("/_sim/slack/press", post(press))
@@ -58,6 +61,7 @@ pub(super) fn router(slack: SlackSim) -> Router {
             slack,
             app: App::default(),
         })
+        .merge(web_api)
 }
 
 async fn configure(State(state): State<AppState>, Json(settings): Json<AppSettings>) -> StatusCode {

@@ -9,6 +9,7 @@
 //! server-sent event stream at [`LIVE_PATH`]).
 
 pub mod audit;
+pub mod figures;
 pub mod inbox;
 pub mod operations;
 pub mod run;
@@ -368,7 +369,7 @@ pub async fn login(username: String, password: String) -> Result<(), ServerFnErr
         .await
         .map_err(ssr::internal)?;
     let address = peer.map(|peer| {
-        crate::server::client_address(
+        crate::serving::client_address(
             peer,
             headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()),
             &state.trusted_proxies,

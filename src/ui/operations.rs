@@ -3,65 +3,10 @@
 //! Prometheus scrapes from `--metrics-bind`, for a team that has no
 //! Prometheus yet or wants a glance.
 
+pub use super::figures::{Chart, OperationsView};
 use super::TopBar;
 use leptos::prelude::*;
 use leptos_meta::Title;
-use serde::{Deserialize, Serialize};
-
-/// One figure over the hour: a point a minute, oldest first; none where a
-/// mean has nothing to average.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Chart {
-    pub title: String,
-    /// The figure in words, as it stands now.
-    pub now: String,
-    pub points: Vec<Option<f64>>,
-    /// Each point's minute (`HH:MM`).
-    pub times: Vec<String>,
-    /// Counts a minute are bars; levels and means are a line.
-    pub bars: bool,
-    /// A limit drawn across the chart (the pool's size).
-    pub ceiling: Option<f64>,
-}
-
-impl Chart {
-    pub fn bars(title: &str, now: String, points: Vec<Option<f64>>, times: &[String]) -> Chart {
-        Chart {
-            title: title.to_owned(),
-            now,
-            points,
-            times: times.to_vec(),
-            bars: true,
-            ceiling: None,
-        }
-    }
-
-    pub fn line(
-        title: &str,
-        now: String,
-        points: Vec<Option<f64>>,
-        ceiling: Option<f64>,
-        times: &[String],
-    ) -> Chart {
-        Chart {
-            title: title.to_owned(),
-            now,
-            points,
-            times: times.to_vec(),
-            bars: false,
-            ceiling,
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct OperationsView {
-    /// When the first reading shown was taken.
-    pub since: String,
-    /// How many minutes the charts cover.
-    pub minutes: usize,
-    pub charts: Vec<Chart>,
-}
 
 #[component]
 pub fn OperationsPage() -> impl IntoView {
@@ -247,7 +192,7 @@ pub async fn operations_figures() -> Result<OperationsView, ServerFnError> {
     let state = super::ssr::app_state()?;
     let now = state
         .metrics
-        .reading(crate::ops::metrics::Sources::of(&state))
+        .reading(state.metric_sources())
         .await
         .map_err(super::ssr::internal)?;
     Ok(crate::ops::history::view(state.metrics.last_hour(), now))

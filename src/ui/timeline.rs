@@ -3,7 +3,7 @@
 //! back and its correction; the pivot is the line between the steps staged
 //! before it and the ones committed after it.
 
-use super::run::{CorrectionLine, StepView};
+use super::run::sheet::{CorrectionLine, StepView};
 use leptos::prelude::*;
 
 const LANE: i32 = 44;

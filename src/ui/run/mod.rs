@@ -6,158 +6,18 @@
 use super::timeline::Timeline;
 use super::words::CallWords;
 use super::{Notice, TopBar};
-use crate::saga::status::{ApprovalStatus, CorrectionStatus, RunStatus, StepStatus};
-use crate::saga::words::CallInWords;
+use crate::saga::status::ApprovalStatus;
 use leptos::prelude::*;
 use leptos_meta::Title;
 use leptos_router::hooks::{use_params_map, use_query_map};
-use serde::{Deserialize, Serialize};
 
 mod actions;
+pub mod sheet;
 #[cfg(feature = "ssr")]
 pub(crate) mod ssr;
 
 pub use actions::*;
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RunSheet {
-    pub id: String,
-    pub agent: String,
-    pub label: Option<String>,
-    pub purpose: String,
-    pub status: RunStatus,
-    pub age: String,
-    pub irreversible_before_pivot: i64,
-    pub steps: Vec<StepView>,
-    pub pivot: Option<PivotView>,
-    pub held: Vec<HeldView>,
-    pub questions: Vec<Question>,
-    pub corrections: Vec<CorrectionLine>,
-    pub unwind_plan: Option<UnwindPlan>,
-    /// The signed-in person may approve, reject, answer and unwind.
-    pub may_decide: bool,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct StepView {
-    pub idx: i64,
-    pub tool: String,
-    pub class: String,
-    pub audience: String,
-    pub status: StepStatus,
-    pub after_pivot: bool,
-    /// The call in words, with its pre-written way back.
-    pub words: CallInWords,
-    pub key: String,
-    pub external_ref: Option<String>,
-    pub error: Option<String>,
-    /// The error is the step's outcome (the system refused it), not the
-    /// history of how its outcome was learned.
-    pub refused: bool,
-    /// How the outcome was learned when not from the call's own answer:
-    /// "found in the system", "a person said it happened" …
-    pub reconciled: Option<String>,
-    pub compensation: Option<CompensationView>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct CompensationView {
-    pub tool: String,
-    pub status: StepStatus,
-    pub key: String,
-    pub error: Option<String>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PivotView {
-    pub approval_id: i64,
-    pub digest: String,
-    pub status: ApprovalStatus,
-    pub summary: String,
-    pub decided_by: Option<String>,
-    pub decided_at: Option<String>,
-    pub expires_at: Option<String>,
-    /// While it waits: its deadline, and where else it was asked for.
-    pub waiting: Option<String>,
-    pub note: Option<String>,
-    /// What the run staged before the pivot and is still open (drafts,
-    /// holds), which the commit builds on or a rejection undoes.
-    pub staged: Vec<StagedView>,
-    pub commit: Vec<PlannedView>,
-    /// What approvers changed before deciding, oldest first.
-    pub edits: Vec<EditView>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct EditView {
-    /// Who changed which fields of which step.
-    pub summary: String,
-    pub at: String,
-    /// The arguments as the agent (or the previous edit) had them.
-    pub before: String,
-    pub after: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct StagedView {
-    pub step: i64,
-    pub words: CallInWords,
-    /// When a hold staged this long ago lapses (§4).
-    pub open_until: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PlannedView {
-    pub step: i64,
-    pub words: CallInWords,
-    /// The arguments as JSON, for an approver to edit before deciding.
-    pub args: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct HeldView {
-    pub approval_id: i64,
-    pub digest: String,
-    pub step_idx: i64,
-    pub summary: String,
-    pub words: CallInWords,
-    /// Its deadline, and where else it was asked for.
-    pub waiting: Option<String>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Question {
-    /// About the step itself, or about its compensation.
-    pub about_compensation: bool,
-    /// Whether "it did not happen, send it again" is an answer (not for a
-    /// compensation the system refused).
-    pub may_resend: bool,
-    pub step_idx: i64,
-    pub tool: String,
-    pub args: String,
-    pub key: String,
-    pub why: String,
-    /// When the question was asked (the step's last change, RFC 3339): the
-    /// answer is bound to it, so a resubmitted answer cannot settle a later
-    /// question about the same step.
-    pub asked: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct CorrectionLine {
-    pub id: i64,
-    pub step_idx: i64,
-    pub audience: String,
-    pub status: CorrectionStatus,
-    pub recipients: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct UnwindPlan {
-    /// In the order they would run.
-    pub compensations: Vec<String>,
-    pub corrections: Vec<String>,
-}
+pub use sheet::*;
 
 #[component]
 pub fn RunPage() -> impl IntoView {

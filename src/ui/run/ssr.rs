@@ -5,6 +5,7 @@
 use super::*;
 use crate::saga::class::ToolClass;
 use crate::saga::model::{ApprovalKind, Event, Step};
+use crate::saga::status::StepStatus;
 use crate::saga::store::StoreError;
 use crate::state::AppState;
 use serde_json::Value;
