@@ -137,11 +137,7 @@ pub fn verify_password(password: &str, stored_hash: &str) -> bool {
 pub fn new_api_token() -> String {
     let mut bytes = [0u8; 32];
     OsRng.fill_bytes(&mut bytes);
-    let mut token = String::from(TOKEN_PREFIX);
-    for byte in bytes {
-        token.push_str(&format!("{byte:02x}"));
-    }
-    token
+    format!("{TOKEN_PREFIX}{}", hex::encode(bytes))
 }
 
 /// A password for a generated login (the demo's admin): 16 characters from
@@ -158,8 +154,7 @@ pub fn new_password() -> String {
 
 /// What the database keeps of a token.
 pub fn token_hash(token: &str) -> String {
-    let digest = Sha256::digest(token.as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(Sha256::digest(token.as_bytes()))
 }
 
 #[cfg(test)]

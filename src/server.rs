@@ -167,7 +167,7 @@ impl Application {
         })?;
         let store = opened.saga_store();
         let registry = Arc::new(registry);
-        let metrics = Arc::new(crate::ops::metrics::Metrics::new());
+        let metrics = Arc::new(crate::ops::metrics::Metrics::new().with_known_labels(&registry));
         let engine = Arc::new(
             Engine::new(store.clone(), registry.clone(), Arc::new(connectors))
                 .observed_by(metrics.clone()),

@@ -334,8 +334,7 @@ impl Connector for Upstream {
             });
         Some(id.unwrap_or_else(|| {
             let digest = Sha256::digest(body.to_string().as_bytes());
-            let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
-            format!("answer-{hex}")
+            format!("answer-{}", hex::encode(&digest[..6]))
         }))
     }
 }

@@ -174,6 +174,49 @@ impl Metrics {
         }
     }
 
+    /// Every series whose labels the tools file already names, at zero:
+    /// a dashboard or an alert sees it from the first scrape, not from its
+    /// first event (a series that appears only then hides the start of a
+    /// rate and makes `absent()` mean two things).
+    pub fn with_known_labels(self, tools: &crate::saga::registry::Registry) -> Self {
+        let outcomes: Vec<String> = StepStatus::ALL
+            .into_iter()
+            .filter(|status| *status != StepStatus::Intended)
+            .map(|status| status.as_str().to_ascii_lowercase())
+            .collect();
+        for spec in tools.tools() {
+            let (tool, class) = (spec.name.as_str(), spec.class.as_str());
+            for outcome in &outcomes {
+                self.steps.with_label_values(&[tool, class, outcome]);
+                self.compensations.with_label_values(&[tool, outcome]);
+            }
+            self.unknowns.with_label_values(&[tool]);
+            for how in [
+                Settlement::Lookup,
+                Settlement::SecondLook,
+                Settlement::Person,
+            ] {
+                self.unknowns_settled
+                    .with_label_values(&[tool, how.as_str()]);
+            }
+            self.reconcile.with_label_values(&[tool]);
+            let system = crate::saga::observe::system_of(&spec.connector);
+            self.in_flight.with_label_values(&[system]);
+            for request in [SystemRequest::Execute, SystemRequest::Lookup] {
+                self.system_latency
+                    .with_label_values(&[system, request.as_str()]);
+            }
+        }
+        for by in ["agent", "person", "system"] {
+            self.unwinds.with_label_values(&[by]);
+        }
+        for kind in [ApprovalKind::Pivot, ApprovalKind::Step] {
+            self.approvals_expired
+                .with_label_values(&[kind_label(kind)]);
+        }
+        self
+    }
+
     /// Every figure, the ones read from the database brought up to date
     /// first, in the Prometheus text format (version 0.0.4).
     pub async fn render(&self, sources: Sources<'_>) -> Result<String, StoreError> {

@@ -1815,10 +1815,81 @@ impl Engine {
 pub const EXPIRED: &str = "expired";
 
 /// The digest an approval form carries back (§4): SHA-256 of the plan's
-/// canonical JSON (serde_json orders object keys).
+/// canonical JSON, in lowercase hex. Canonical: object keys in byte order
+/// at every depth, no whitespace, strings and numbers as serde_json writes
+/// them. The order is written here, not left to serde_json's map type,
+/// whose order a feature switched on by any crate in the tree would change
+/// (and with it every digest a person is looking at).
 pub fn plan_digest(plan: &Value) -> String {
-    Sha256::digest(plan.to_string().as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let mut canonical = String::new();
+    write_canonical(plan, &mut canonical);
+    hex::encode(Sha256::digest(canonical.as_bytes()))
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (n, (key, value)) in entries.into_iter().enumerate() {
+                if n > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(value, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (n, item) in items.iter().enumerate() {
+                if n > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod digest {
+    use super::plan_digest;
+    use serde_json::{Map, Value};
+
+    /// The digest of one plan, pinned: computed outside Rust as SHA-256 of
+    /// `json.dumps(plan, separators=(",", ":"), sort_keys=True,
+    /// ensure_ascii=False)`. A change to the canonical form changes it,
+    /// and with it the digest of every approval waiting for a person.
+    #[test]
+    fn an_approvals_digest_is_sha256_of_the_plans_canonical_json() {
+        let plan: Value = serde_json::from_str(
+            r#"{"steps":[{"tool":"capture_payment","args":{"currency":"usd","amount":3200}},
+                {"tool":"send_email","args":{"to":["ada@example.com"],"subject":"Refund — ok \"quoted\""}}],
+                "pivot":true,"note":null,"ratio":0.5}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            plan_digest(&plan),
+            "dbbf21564136f64de6027c978905015bc1fc33b3ff048213938381088d12d83e"
+        );
+    }
+
+    #[test]
+    fn the_order_keys_were_written_in_does_not_change_the_digest() {
+        let mut forward = Map::new();
+        forward.insert("a".into(), Value::from(1));
+        forward.insert("b".into(), Value::from(2));
+        let mut backward = Map::new();
+        backward.insert("b".into(), Value::from(2));
+        backward.insert("a".into(), Value::from(1));
+        assert_eq!(
+            plan_digest(&Value::Object(forward)),
+            plan_digest(&Value::Object(backward))
+        );
+    }
 }

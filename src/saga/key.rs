@@ -12,11 +12,7 @@ use uuid::Uuid;
 /// their own that are just as stable.
 pub fn step_key(run_id: Uuid, step_idx: i64, tool: &str) -> String {
     let digest = Sha256::digest(format!("{run_id}:{step_idx}:{tool}").as_bytes());
-    let mut key = String::with_capacity(32);
-    for byte in &digest[..16] {
-        key.push_str(&format!("{byte:02x}"));
-    }
-    key
+    hex::encode(&digest[..16])
 }
 
 /// The key of the compensation (or undo) of step `step_idx` (R8).

@@ -12,6 +12,8 @@ pub mod connector;
 #[cfg(feature = "ssr")]
 pub mod corrections;
 #[cfg(feature = "ssr")]
+pub mod described;
+#[cfg(feature = "ssr")]
 pub mod engine;
 #[cfg(feature = "ssr")]
 pub mod key;

@@ -3,6 +3,7 @@
 //! message per mistake, naming the tool and the field.
 
 use super::class::{Audience, ToolClass};
+use super::words::placeholders;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -1079,38 +1080,6 @@ fn placeholder_problem(texts: &[&str]) -> Option<String> {
                 )
             })
         })
-}
-
-/// One `{…}` in a template: where it stands and the name inside.
-pub(crate) struct Placeholder<'a> {
-    pub start: usize,
-    /// Just past its `}`.
-    pub end: usize,
-    pub name: &'a str,
-}
-
-/// The placeholders of a text, in order; an unclosed one is an error that
-/// ends the scan. Every template reader (ways back, corrections, display
-/// templates) reads them through this.
-pub(crate) fn placeholders(text: &str) -> impl Iterator<Item = Result<Placeholder<'_>, String>> {
-    let mut from = 0;
-    std::iter::from_fn(move || {
-        let start = from + text.get(from..)?.find('{')?;
-        match text[start..].find('}') {
-            Some(len) => {
-                from = start + len + 1;
-                Some(Ok(Placeholder {
-                    start,
-                    end: from,
-                    name: &text[start + 1..start + len],
-                }))
-            }
-            None => {
-                from = text.len();
-                Some(Err(format!("unclosed placeholder in {text:?}")))
-            }
-        }
-    })
 }
 
 #[cfg(test)]

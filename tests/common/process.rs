@@ -68,12 +68,21 @@ impl Harness {
     /// Starts the binary and waits until `/healthz` answers (after resume,
     /// which runs before the server takes requests).
     pub async fn start(launch: &Launch) -> Harness {
+        // Port 0: the binary binds a port of its own and says which, so no
+        // other test's process can take it between a choice and the bind.
+        let mut harness = Harness::spawn(launch);
+        if let Err(log) = harness.wait_healthy().await {
+            panic!("the harness exited during start-up:\n{log}");
+        }
+        harness
+    }
+
+    fn spawn(launch: &Launch) -> Harness {
         let dir = tempfile::tempdir().expect("a directory for the log");
         let log = dir.path().join("stderr.log");
-        let port = free_port();
         let mut command = Command::new(env!("CARGO_BIN_EXE_saga-harness"));
         command
-            .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+            .args(["serve", "--bind", "127.0.0.1:0"])
             .env("DATABASE_URL", &launch.database_url)
             .env("RUST_LOG", &launch.rust_log)
             .env_remove(saga_harness::failpoint::VARIABLE)
@@ -93,18 +102,17 @@ impl Harness {
             command.env(name, value);
         }
         let child = command.spawn().expect("the harness binary starts");
-        let mut harness = Harness {
+        Harness {
             pid: child.id(),
             child,
-            base: format!("http://127.0.0.1:{port}"),
+            // Known once the process says where it listens.
+            base: String::new(),
             log,
             _dir: dir,
-        };
-        harness.wait_healthy().await;
-        harness
+        }
     }
 
-    async fn wait_healthy(&mut self) {
+    async fn wait_healthy(&mut self) -> Result<(), String> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(5))
             .build()
@@ -112,14 +120,26 @@ impl Harness {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "the harness exited during start-up ({status}):\n{}",
-                    self.log_text()
-                );
+                return Err(format!("({status}) {}", self.log_text()));
+            }
+            if self.base.is_empty() {
+                let log = self.log_text();
+                // Only a whole line: the file may be read mid-write.
+                let said = log
+                    .split_inclusive('\n')
+                    .filter(|line| line.ends_with('\n'))
+                    .find_map(|line| line.split_once("listening on ").map(|(_, at)| at.trim()));
+                match said {
+                    Some(base) => self.base = base.to_owned(),
+                    None => {
+                        tokio::time::sleep(Duration::from_millis(25)).await;
+                        continue;
+                    }
+                }
             }
             if let Ok(response) = http.get(format!("{}/healthz", self.base)).send().await {
                 if response.status().is_success() {
-                    return;
+                    return Ok(());
                 }
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
@@ -381,18 +401,25 @@ pub struct Tally {
     pub slowest_refusal: Duration,
     /// When the last `503` came.
     pub last_refusal: Option<Instant>,
+    /// How many refusals came with each code (`store_unavailable`,
+    /// `run_busy` …).
+    pub codes: std::collections::BTreeMap<String, usize>,
     /// Each step the harness said was confirmed: (run, step, reference).
     pub confirmed: Vec<(String, i64, String)>,
 }
 
 impl Tally {
-    fn add(&mut self, other: Tally) {
+    /// Adds what another crowd met.
+    pub fn add(&mut self, other: Tally) {
         for (status, n) in other.statuses {
             *self.statuses.entry(status).or_default() += n;
         }
         self.no_answer += other.no_answer;
         self.slowest_refusal = self.slowest_refusal.max(other.slowest_refusal);
         self.last_refusal = self.last_refusal.max(other.last_refusal);
+        for (code, n) in other.codes {
+            *self.codes.entry(code).or_default() += n;
+        }
         self.confirmed.extend(other.confirmed);
     }
 
@@ -432,6 +459,9 @@ pub async fn crowd(base: &str, token: &str, agents: usize, calls: i64, give_up: 
         .build()
         .expect("a client");
     let deadline = Instant::now() + give_up;
+    // Each crowd's runs are its own, also when one follows another.
+    static CROWDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let crowd = CROWDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let agent = |n: usize| {
         let (http, base, token) = (http.clone(), base.to_owned(), token.to_owned());
         async move {
@@ -443,7 +473,7 @@ pub async fn crowd(base: &str, token: &str, agents: usize, calls: i64, give_up: 
                 let created = http
                     .post(format!("{base}/api/v1/runs"))
                     .bearer_auth(&token)
-                    .json(&serde_json::json!({"purpose": format!("agent {n}"), "label": format!("agent-{n}")}))
+                    .json(&serde_json::json!({"purpose": format!("agent {n}"), "label": format!("crowd-{crowd}-agent-{n}")}))
                     .send()
                     .await;
                 match created {
@@ -469,21 +499,22 @@ pub async fn crowd(base: &str, token: &str, agents: usize, calls: i64, give_up: 
                         .post(format!("{base}/api/v1/runs/{run}/calls"))
                         .bearer_auth(&token)
                         .json(&serde_json::json!({"tool": "reship", "step": step,
-                            "args": {"order_id": format!("ord_{n}_{step}"), "items": ["LAMP-7"], "email": "grace@example.com"}}))
+                            "args": {"order_id": format!("ord_{crowd}_{n}_{step}"), "items": ["LAMP-7"], "email": "grace@example.com"}}))
                         .send()
                         .await;
                     match answer {
                         Ok(answer) => {
                             let status = answer.status().as_u16();
                             tally.saw(status, started.elapsed());
-                            if status == 200 {
-                                let body: serde_json::Value = answer.json().await.unwrap();
-                                if body["outcome"] == "confirmed" {
-                                    let reference =
-                                        body["external_ref"].as_str().unwrap_or("").to_owned();
-                                    tally.confirmed.push((run.clone(), step, reference));
-                                    break;
-                                }
+                            let body: serde_json::Value = answer.json().await.unwrap_or_default();
+                            if let Some(code) = body["code"].as_str() {
+                                *tally.codes.entry(code.to_owned()).or_default() += 1;
+                            }
+                            if status == 200 && body["outcome"] == "confirmed" {
+                                let reference =
+                                    body["external_ref"].as_str().unwrap_or("").to_owned();
+                                tally.confirmed.push((run.clone(), step, reference));
+                                break;
                             }
                         }
                         Err(_) => tally.no_answer += 1,

@@ -5,7 +5,7 @@ WITH intent AS (
         tool_class text, idempotency_key text, args text, status text, compensation text,
         audience text, phase text, at timestamptz, irreversible int8, actor text,
         detail text, agent text, token text, lease_owner text, lease_ms float8,
-        handover text)
+        handover text[])
 ), advanced AS (
     UPDATE runs SET next_step = runs.next_step + 1,
         irreversible_before_pivot = runs.irreversible_before_pivot + intent.irreversible,
@@ -16,7 +16,7 @@ WITH intent AS (
         AND runs.id = intent.run_id AND runs.next_step = intent.step_idx
         AND runs.agent = intent.agent AND runs.status = 'RUNNING'
         AND (runs.lease_owner IS NULL OR runs.lease_until < clock_timestamp()
-            OR runs.lease_owner = intent.handover)
+            OR runs.lease_owner = ANY(intent.handover))
         AND (intent.token IS NULL OR EXISTS (SELECT 1 FROM api_tokens
             WHERE api_tokens.token_hash = intent.token AND api_tokens.agent = intent.agent
                 AND api_tokens.revoked_at IS NULL))

@@ -63,7 +63,14 @@ pub struct PostgresStore {
     writer: StepWriter,
 }
 
-type Released = Arc<std::sync::Mutex<HashMap<uuid::Uuid, String>>>;
+/// Per run, this store's own leases let go of and maybe not yet released
+/// in the database (the newest last, at most [`HANDOVERS_KEPT`]): its next
+/// claim of the run may take over from any of them.
+type Released = Arc<std::sync::Mutex<HashMap<uuid::Uuid, Vec<String>>>>;
+
+/// How many let-go leases of one run are remembered: a claim whose answer
+/// was lost, then its re-send's, then that one's … during one outage.
+const HANDOVERS_KEPT: usize = 4;
 
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
@@ -341,42 +348,24 @@ impl Drop for LeaseClaim {
         if self.given_back {
             return;
         }
-        self.released
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(self.run_id, self.token.clone());
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime to release on: the lease runs out on its own.
-            return;
-        };
-        let (run_id, token) = (self.run_id, self.token.clone());
-        let (pool, released) = (self.pool.clone(), self.released.clone());
-        runtime.spawn(async move {
-            let sql = release_sql(run_id, &token);
-            match sqlx::raw_sql(&sql).execute(&pool).await {
-                // A store closing gives nothing back; the lease runs out.
-                Ok(_) | Err(sqlx::Error::PoolClosed) => {}
-                Err(err) => {
-                    tracing::warn!(%run_id, %err, "a run's lease was not released; it runs out on its own")
-                }
-            }
-            let mut released = released.lock().unwrap_or_else(|p| p.into_inner());
-            if released.get(&run_id) == Some(&token) {
-                released.remove(&run_id);
-            }
-        });
+        give_back(
+            self.run_id,
+            self.token.clone(),
+            self.pool.clone(),
+            self.released.clone(),
+        );
     }
 }
+
+/// What a lease must outlast a call by, for the clock rates of two
+/// machines and the time between the check and the request leaving.
+pub const CALL_MARGIN: Duration = Duration::from_secs(1);
 
 /// A lease as this process's monotonic clock sees it. The database's clock
 /// decides when a lease runs out for everyone else, so the holder counts
 /// conservatively on its own: from the moment it *sent* the statement that
 /// took or renewed the lease, never from the answer. No synchronised wall
 /// clocks are assumed, only that both clocks run at about the same rate.
-/// What a lease must outlast a call by, for the clock rates of two
-/// machines and the time between the check and the request leaving.
-pub const CALL_MARGIN: Duration = Duration::from_secs(1);
-
 pub struct Fence {
     run_id: uuid::Uuid,
     renew_sql: String,
@@ -430,6 +419,9 @@ impl crate::saga::store::LeaseFence for Fence {
         {
             let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             if state.lost {
+                // A renewal found it first (after a pause, the renewer and
+                // this check race to wake).
+                tracing::warn!(run_id = %self.run_id, "the run was taken over while this process was paused; nothing is sent");
                 return Err(StoreError::LeaseLost);
             }
             if state
@@ -455,25 +447,61 @@ impl crate::saga::store::LeaseFence for Fence {
 }
 
 /// A lease asked for and not yet confirmed: dropped before then (the
-/// caller gave up while the claim was on its way), whatever it may have
-/// taken is released.
+/// caller gave up while the claim was on its way, or its answer was lost
+/// with its connection), whatever it may have taken is released, and
+/// until that release is known to have landed, this process's next claim
+/// of the run may take the lease over from it directly.
 struct PendingLease {
     run_id: uuid::Uuid,
     token: String,
     pool: Option<PgPool>,
+    released: Released,
 }
 
 impl Drop for PendingLease {
     fn drop(&mut self) {
-        let (Some(pool), Ok(runtime)) = (self.pool.take(), tokio::runtime::Handle::try_current())
-        else {
+        let Some(pool) = self.pool.take() else {
             return;
         };
-        let sql = release_sql(self.run_id, &self.token);
-        runtime.spawn(async move {
-            let _ = sqlx::raw_sql(&sql).execute(&pool).await;
-        });
+        give_back(self.run_id, self.token.clone(), pool, self.released.clone());
     }
+}
+
+/// Gives back a lease this process no longer uses. Until the release is
+/// known to have landed (the database may be unreachable just then), the
+/// token stays this process's handover for the run, so its next claim does
+/// not wait for a lease nobody holds to run out.
+fn give_back(run_id: uuid::Uuid, token: String, pool: PgPool, released: Released) {
+    {
+        let mut released = released.lock().unwrap_or_else(|p| p.into_inner());
+        let tokens = released.entry(run_id).or_default();
+        tokens.retain(|t| *t != token);
+        tokens.push(token.clone());
+        let over = tokens.len().saturating_sub(HANDOVERS_KEPT);
+        tokens.drain(..over);
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // No runtime to release on: the lease runs out on its own.
+        return;
+    };
+    runtime.spawn(async move {
+        let sql = release_sql(run_id, &token);
+        match sqlx::raw_sql(&sql).execute(&pool).await {
+            // A store closing gives nothing back; the lease runs out.
+            Ok(_) | Err(sqlx::Error::PoolClosed) => {}
+            Err(err) => {
+                tracing::warn!(%run_id, %err, "a run's lease was not released; this instance takes it over at its next claim, any other once it runs out");
+                return;
+            }
+        }
+        let mut released = released.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tokens) = released.get_mut(&run_id) {
+            tokens.retain(|t| *t != token);
+            if tokens.is_empty() {
+                released.remove(&run_id);
+            }
+        }
+    });
 }
 
 /// Taking and giving back a lease commit without waiting for the WAL flush
@@ -520,13 +548,10 @@ impl PostgresStore {
         let mut pause = Duration::from_millis(2);
         loop {
             let token = format!("{}/{}", self.instance, uuid::Uuid::new_v4().simple());
-            let handover = self
-                .released
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&run_id)
-                .map(|t| format!(" OR lease_owner = '{t}'"))
-                .unwrap_or_default();
+            let handover = match self.handover(run_id).as_slice() {
+                [] => String::new(),
+                tokens => format!(" OR lease_owner IN ('{}')", tokens.join("', '")),
+            };
             let batch = format!(
                 "{LAZY_COMMIT}
                  UPDATE runs SET lease_owner = '{token}',
@@ -544,6 +569,7 @@ impl PostgresStore {
                 run_id,
                 token: token.clone(),
                 pool: Some(self.pool.clone()),
+                released: self.released.clone(),
             };
             let sent = tokio::time::Instant::now();
             let rows = self.simple_query(&batch).await?;
@@ -737,15 +763,16 @@ impl PostgresStore {
 }
 
 impl PostgresStore {
-    /// The lease token this store's last claim of the run let go of, if its
+    /// The lease tokens this store's claims of the run let go of whose
     /// release may not have reached the database yet: the next claim here
-    /// may take the run over from it directly.
-    fn handover(&self, run_id: uuid::Uuid) -> Option<String> {
+    /// may take the run over from any of them directly.
+    fn handover(&self, run_id: uuid::Uuid) -> Vec<String> {
         self.released
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&run_id)
             .cloned()
+            .unwrap_or_default()
     }
 }
 
@@ -836,6 +863,7 @@ impl Dialect for PostgresStore {
             run_id: new.run_id,
             token: token.clone(),
             pool: Some(self.pool.clone()),
+            released: self.released.clone(),
         };
         let (run_id, key) = (new.run_id, new.idempotency_key.clone());
         let intent = Intent {

@@ -88,7 +88,7 @@ const INTENT_ONE: &str = concat!(
             lease_until = clock_timestamp() + $16::float8 * interval '1 millisecond'
         WHERE id = $1 AND next_step = $2 AND agent = $17 AND status = 'RUNNING'
             AND (lease_owner IS NULL OR lease_until < clock_timestamp()
-                OR lease_owner = $18)
+                OR lease_owner = ANY($18::text[]))
             AND ($19::text IS NULL OR EXISTS (SELECT 1 FROM api_tokens
                 WHERE token_hash = $19 AND agent = $17 AND revoked_at IS NULL))
             AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND status IN ",
@@ -141,9 +141,9 @@ pub(super) struct Intent {
     pub actor: String,
     pub lease_owner: String,
     pub lease_ms: i64,
-    /// This store's own earlier lease of the run, let go of and maybe not
-    /// yet released in the database: the intent may take over from it.
-    pub handover: Option<String>,
+    /// This store's own earlier leases of the run, let go of and maybe not
+    /// yet released in the database: the intent may take over from them.
+    pub handover: Vec<String>,
 }
 
 /// A step's outcome, giving back the lease `release` names.
@@ -202,7 +202,7 @@ struct IntentRecord<'a> {
     token: Option<&'a str>,
     lease_owner: &'a str,
     lease_ms: i64,
-    handover: Option<&'a str>,
+    handover: &'a [String],
 }
 
 impl<'a> IntentRecord<'a> {
@@ -227,7 +227,7 @@ impl<'a> IntentRecord<'a> {
             token: i.token.as_deref(),
             lease_owner: &i.lease_owner,
             lease_ms: i.lease_ms,
-            handover: i.handover.as_deref(),
+            handover: &i.handover,
         }
     }
 }
@@ -555,7 +555,7 @@ fn intent_one(i: &Intent, now: DateTime<Utc>) -> Statement<'_> {
     .bind(i.lease_owner.as_str())
     .bind(i.lease_ms)
     .bind(i.agent.as_str())
-    .bind(i.handover.as_deref())
+    .bind(&i.handover)
     .bind(i.token.as_deref())
 }
 
