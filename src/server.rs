@@ -138,7 +138,7 @@ impl Application {
         settings
             .instance_id
             .get_or_insert_with(|| format!("{}:{}", store::host_name(), addr.port()));
-        let longest_call = Timeouts::default().connect + Timeouts::default().request;
+        let longest_call = Timeouts::default().longest_call();
         let lease = std::time::Duration::from_millis(settings.run_lease_ms);
         if args.database.database_url.starts_with("postgres")
             && lease < longest_call + crate::store::postgres::CALL_MARGIN
@@ -821,13 +821,7 @@ async fn require_sign_in(
 /// `Retry-After`, reloading itself); otherwise an internal failure under
 /// an incident id.
 async fn session_unreadable(state: &AppState, err: String) -> Response {
-    let answers = tokio::time::timeout(
-        std::time::Duration::from_millis(800),
-        state.opened.readiness(),
-    )
-    .await
-    .is_ok_and(|r| r.is_ok());
-    if answers {
+    if crate::ops::health::database_answers(state).await.is_ok() {
         let incident = crate::incident::Incident::record("reading the session", &err);
         return (StatusCode::INTERNAL_SERVER_ERROR, incident.message()).into_response();
     }

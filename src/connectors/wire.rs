@@ -31,6 +31,14 @@ pub const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
 /// How much of a cut answer is kept, for the person reading the step.
 const EXCERPT_BYTES: usize = 2048;
 
+impl Timeouts {
+    /// The longest a call may take before it is given up on: connecting,
+    /// then the whole request.
+    pub fn longest_call(&self) -> Duration {
+        self.connect + self.request
+    }
+}
+
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {

@@ -22,11 +22,17 @@ pub fn routes() -> Router<AppState> {
 /// promptly, never wait its turn behind the pool.
 const READINESS_WAIT: std::time::Duration = std::time::Duration::from_millis(800);
 
+/// Whether the database answers and is current, waiting at most
+/// `READINESS_WAIT`; why not, for the log.
+pub async fn database_answers(state: &AppState) -> Result<(), String> {
+    tokio::time::timeout(READINESS_WAIT, state.opened.readiness())
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {READINESS_WAIT:?}")))
+}
+
 async fn readiness(State(state): State<AppState>) -> Response {
     let tools = state.registry.len();
-    let database = tokio::time::timeout(READINESS_WAIT, state.opened.readiness())
-        .await
-        .unwrap_or_else(|_| Err(format!("no answer within {READINESS_WAIT:?}")));
+    let database = database_answers(&state).await;
     let draining = state.draining.is_draining();
     let ready = database.is_ok() && !draining;
     // Why not is for the operator's log; whoever asks only learns whether.

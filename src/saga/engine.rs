@@ -400,10 +400,7 @@ impl Engine {
             hold_offs: Default::default(),
             first_resend_pause: super::resend::FIRST_PAUSE,
             fences: Default::default(),
-            longest_call: {
-                let timeouts = crate::connectors::wire::Timeouts::default();
-                timeouts.connect + timeouts.request
-            },
+            longest_call: crate::connectors::wire::Timeouts::default().longest_call(),
         }
     }
 

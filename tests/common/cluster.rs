@@ -89,11 +89,18 @@ pub struct Server {
     bin: PathBuf,
     dir: tempfile::TempDir,
     pub port: u16,
-    /// Its name to a primary that waits for it (`synchronous_standby_names`).
-    pub name: String,
 }
 
 impl Server {
+    /// A server's directory and port, nothing in them yet.
+    fn unstarted(bin: PathBuf) -> Server {
+        Server {
+            bin,
+            dir: own_directory(),
+            port: free_port(),
+        }
+    }
+
     fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
@@ -102,12 +109,7 @@ impl Server {
     /// server programs (and not under CI).
     pub fn primary() -> Option<Server> {
         let bin = required("PostgreSQL's server programs", server_programs())?;
-        let server = Server {
-            bin,
-            dir: own_directory(),
-            port: free_port(),
-            name: "primary".into(),
-        };
+        let server = Server::unstarted(bin);
         let data = server.data();
         must(
             run_as_server_user(
@@ -139,12 +141,7 @@ impl Server {
     /// from now on a commit on this server returns only once the standby
     /// has its WAL.
     pub fn synchronous_standby(&self) -> Server {
-        let standby = Server {
-            bin: self.bin.clone(),
-            dir: own_directory(),
-            port: free_port(),
-            name: "standby".into(),
-        };
+        let standby = Server::unstarted(self.bin.clone());
         let data = standby.data();
         must(
             run_as_server_user(
