@@ -140,9 +140,14 @@ pub struct PoolUse {
 
 impl PoolUse {
     fn of<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> Self {
+        let open = pool.size();
+        // sqlx counts idle connections apart from open ones, and the count
+        // can be read mid-update (seen: a value near usize::MAX, which
+        // overflowed the sum below): idle is never more than open.
+        let idle = u32::try_from(pool.num_idle()).unwrap_or(u32::MAX).min(open);
         PoolUse {
-            open: pool.size(),
-            idle: pool.num_idle() as u32,
+            open,
+            idle,
             max: pool.options().get_max_connections(),
         }
     }

@@ -118,9 +118,9 @@ impl SqliteStore {
             super::PoolUse::of(&self.readers),
         );
         super::PoolUse {
-            open: writer.open + readers.open,
-            idle: writer.idle + readers.idle,
-            max: writer.max + readers.max,
+            open: writer.open.saturating_add(readers.open),
+            idle: writer.idle.saturating_add(readers.idle),
+            max: writer.max.saturating_add(readers.max),
         }
     }
 
