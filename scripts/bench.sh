@@ -15,7 +15,7 @@ setup_postgres
 setup_build_tools
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 # The binary ./scripts/run.sh serves, built the same way.
-env -u RUSTFLAGS cargo leptos build --release
+env -u RUSTFLAGS cargo leptos build --release --bin-features ssr,bench
 
 peers_home="${SAGA_BENCH_PEERS_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/saga-harness/peers}"
 mkdir -p "$peers_home"

@@ -15,8 +15,15 @@ source scripts/setup.sh
 setup_build_tools
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 
-say "building the app (release)"
-cargo leptos build --release
+# The demo needs the simulated systems in the binary; a plain server is
+# built without them, as a team deploys it.
+if [ "${1:-}" = "serve" ]; then
+  say "building the app (release)"
+  cargo leptos build --release
+else
+  say "building the app with its simulators (release)"
+  cargo leptos build --release --bin-features ssr,simulators
+fi
 bin="$target_dir/release/saga-harness"
 export LEPTOS_SITE_ROOT="$PWD/target/site"
 

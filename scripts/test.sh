@@ -20,10 +20,12 @@ started=$SECONDS
 phase() { say "$1 ($((SECONDS - started)) s so far)"; }
 
 phase "formatting"
-cargo fmt --check
+cargo fmt --all --check
 
 phase "clippy"
-cargo clippy --all-targets --features ssr -- -D warnings
+cargo clippy --workspace --all-targets --features saga-harness/bench,saga-core/engine -- -D warnings
+# The deployed build: no simulators, no benchmark.
+cargo clippy --features ssr -- -D warnings
 
 phase "one sqlx in the dependency tree"
 # Two versions of any sqlx crate would mean two drivers and two pools.
@@ -41,13 +43,13 @@ phase "the wasm half"
 cargo check --lib --target wasm32-unknown-unknown --no-default-features --features hydrate
 
 phase "Rust tests on SQLite and PostgreSQL"
-cargo test --features ssr
+cargo test --workspace --features saga-harness/bench,saga-core/engine
 
 # Exactly what ./scripts/run.sh builds: the release app through cargo-leptos,
 # with no extra flags (release builds do not erase view types), so a build
 # only the README's first command would hit cannot pass CI unnoticed.
 phase "building the app as ./scripts/run.sh does (release)"
-env -u RUSTFLAGS cargo leptos build --release
+env -u RUSTFLAGS cargo leptos build --release --bin-features ssr,simulators
 
 phase "browser tests against the release app"
 (

@@ -12,20 +12,24 @@ use sha2::{Digest, Sha256};
 /// What every issued token starts with, so a leaked one is recognisable.
 pub const TOKEN_PREFIX: &str = "sh_";
 
-/// What an agent whose token is unknown or revoked is told.
-pub const TOKEN_NOT_VALID: &str =
-    "this token is not valid; issue one with `saga-harness token create`";
+pub use crate::saga::model::TOKEN_NOT_VALID;
 
 /// Tokens this instance has looked up and found valid: their agents, by
 /// hash. A token's agent never changes, but the token may be revoked at
 /// any time by any process, so a remembered token is never trusted on its
 /// own: the step's intent checks it in the same statement, and every other
 /// path looks it up (`Engine::call_from`). Bounded: past `KNOWN_TOKENS`
-/// entries it starts afresh.
-#[derive(Default)]
-pub struct KnownTokens(std::sync::Mutex<std::collections::HashMap<String, String>>);
+/// the token used least recently is forgotten (and looked up again when it
+/// comes back), never a token in use.
+pub struct KnownTokens(std::sync::Mutex<lru::LruCache<String, String>>);
 
-const KNOWN_TOKENS: usize = 10_000;
+const KNOWN_TOKENS: std::num::NonZeroUsize = std::num::NonZeroUsize::new(10_000).unwrap();
+
+impl Default for KnownTokens {
+    fn default() -> Self {
+        KnownTokens(std::sync::Mutex::new(lru::LruCache::new(KNOWN_TOKENS)))
+    }
+}
 
 impl KnownTokens {
     /// The agent a token was issued to, if this instance has seen it valid.
@@ -35,10 +39,7 @@ impl KnownTokens {
 
     pub fn remember(&self, hash: String, agent: String) {
         if let Ok(mut known) = self.0.lock() {
-            if known.len() >= KNOWN_TOKENS && !known.contains_key(&hash) {
-                known.clear();
-            }
-            known.insert(hash, agent);
+            known.put(hash, agent);
         }
     }
 }
@@ -483,7 +484,9 @@ fn digest(text: &str) -> [u8; 32] {
 
 #[cfg(test)]
 mod throttle_tests {
-    use super::{NotNow, SignInThrottle, MAX_ACCOUNTS_PER_CLIENT, MAX_CLIENTS};
+    use super::{
+        KnownTokens, NotNow, SignInThrottle, KNOWN_TOKENS, MAX_ACCOUNTS_PER_CLIENT, MAX_CLIENTS,
+    };
     use std::net::IpAddr;
     use std::time::Duration;
 
@@ -674,6 +677,22 @@ mod throttle_tests {
             throttle.attempt("dana", ip("192.0.2.200")).is_ok(),
             "a newcomer is never refused for want of room"
         );
+    }
+
+    #[test]
+    fn a_full_token_memory_forgets_the_token_least_recently_used_not_one_in_use() {
+        let known = KnownTokens::default();
+        known.remember("busy".into(), "support-bot".into());
+        known.remember("idle".into(), "billing-bot".into());
+        for n in 0..KNOWN_TOKENS.get() - 1 {
+            if n % 100 == 0 {
+                assert!(known.agent("busy").is_some(), "forgot a token in use");
+            }
+            known.remember(format!("other-{n}"), "another-bot".into());
+        }
+        assert_eq!(known.agent("busy").as_deref(), Some("support-bot"));
+        // Forgotten, not refused: the next request with it is looked up.
+        assert_eq!(known.agent("idle"), None);
     }
 
     #[test]

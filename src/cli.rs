@@ -5,7 +5,6 @@ use crate::auth;
 use crate::config::{Cli, Command, DatabaseArgs, TokenCommand, UserCommand};
 use crate::saga::class::Role;
 use crate::server::Application;
-use crate::sim::bundle::Simulators;
 
 use crate::store;
 use anyhow::{bail, Context};
@@ -15,11 +14,14 @@ use std::process::ExitCode;
 
 pub async fn main() -> ExitCode {
     let cli = Cli::parse();
+    #[cfg(feature = "bench")]
     let quiet = if matches!(cli.command, Command::Bench(_)) {
         crate::ops::logging::BENCH_FILTER
     } else {
         crate::ops::logging::DEFAULT_FILTER
     };
+    #[cfg(not(feature = "bench"))]
+    let quiet = crate::ops::logging::DEFAULT_FILTER;
     let export = match crate::ops::logging::init(cli.log_format, quiet, cli.otlp_endpoint.as_ref())
     {
         Ok(export) => export,
@@ -143,10 +145,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 n => bail!("{n} thing(s) to fix, listed above"),
             }
         }
+        #[cfg(feature = "simulators")]
         Command::Demo(args) => crate::demo::run(args).await,
+        #[cfg(feature = "bench")]
         Command::Bench(args) => crate::bench::run(args).await,
+        #[cfg(feature = "simulators")]
         Command::Sim(args) => {
-            let sims = Simulators::start(args.ip, args.first_port).await?;
+            let sims = crate::sim::bundle::Simulators::start(args.ip, args.first_port).await?;
             for (name, url) in sims.addresses() {
                 println!("{name:<10} {url}");
             }

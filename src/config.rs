@@ -40,6 +40,8 @@ pub struct DatabaseArgs {
     pub store: crate::store::StoreSettings,
 }
 
+// Parsed once at start-up: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the agent API and the dashboard.
@@ -54,9 +56,11 @@ pub enum Command {
     Token(TokenCommand),
     /// Run the simulated Stripe, Jira, Zendesk, Slack, SMTP, back office and
     /// warehouse on loopback (what tools/support.toml points at).
+    #[cfg(feature = "simulators")]
     Sim(SimArgs),
     /// Start the simulators and the server on a fresh SQLite file, and run a
     /// scripted agent that leaves runs to look at in the dashboard.
+    #[cfg(feature = "simulators")]
     Demo(DemoArgs),
     /// Check a tools file and a database the way a new user needs: the
     /// file's validation, each connector's credentials, each system
@@ -67,9 +71,11 @@ pub enum Command {
     /// Measure the per-step cost against the disk's commit floor, the HTTP
     /// path, flatness, unwind, the dashboard and (optionally) peer engines;
     /// print a table and write JSON.
+    #[cfg(feature = "bench")]
     Bench(BenchArgs),
 }
 
+#[cfg(feature = "bench")]
 /// Which storage backends the benchmark measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BenchBackend {
@@ -78,6 +84,7 @@ pub enum BenchBackend {
     Both,
 }
 
+#[cfg(feature = "bench")]
 #[derive(Debug, Args, Clone)]
 pub struct BenchArgs {
     /// A seconds-long run with small sizes (for CI): every figure, little data.
@@ -131,6 +138,7 @@ pub struct DoctorArgs {
     pub database: DatabaseArgs,
 }
 
+#[cfg(feature = "simulators")]
 #[derive(Debug, Args, Clone)]
 pub struct DemoArgs {
     /// Address the dashboard and the agent API listen on.
@@ -147,6 +155,7 @@ pub struct DemoArgs {
     pub first_port: u16,
 }
 
+#[cfg(feature = "simulators")]
 #[derive(Debug, Args, Clone)]
 pub struct SimArgs {
     /// Address the simulators listen on.

@@ -90,8 +90,9 @@ mod tests {
 
     #[test]
     fn an_internal_cause_never_reaches_the_words_and_a_request_mistake_does() {
-        let internal = Refusal::Store(StoreError::Database(
-            "connection to postgres://saga:hunter2@db failed".into(),
+        let internal = Refusal::Store(StoreError::database(
+            "connecting",
+            "connection to postgres://saga:hunter2@db failed",
         ));
         let words = refusal_words("test", &internal);
         assert!(

@@ -9,7 +9,9 @@
 // erase them) need more than the default query depth to lay them out.
 #![recursion_limit = "512"]
 
-pub mod saga;
+/// The saga core, a crate of its own so that it cannot reach up into HTTP,
+/// HTML or SQL; under its old name so that every path reads as before.
+pub use saga_core as saga;
 pub mod ui;
 
 #[cfg(feature = "ssr")]
@@ -18,7 +20,7 @@ pub mod api;
 pub mod approvals;
 #[cfg(feature = "ssr")]
 pub mod auth;
-#[cfg(feature = "ssr")]
+#[cfg(feature = "bench")]
 pub mod bench;
 #[cfg(feature = "ssr")]
 pub mod cli;
@@ -26,10 +28,10 @@ pub mod cli;
 pub mod config;
 #[cfg(feature = "ssr")]
 pub mod connectors;
-#[cfg(feature = "ssr")]
+#[cfg(feature = "simulators")]
 pub mod demo;
 #[cfg(feature = "ssr")]
-pub mod failpoint;
+pub use saga_core::failpoint;
 #[cfg(feature = "ssr")]
 pub mod incident;
 #[cfg(feature = "ssr")]
@@ -40,8 +42,9 @@ pub mod ops;
 pub mod server;
 #[cfg(feature = "ssr")]
 pub mod serving;
-#[cfg(feature = "ssr")]
-pub mod sim;
+/// The simulated systems, only in a build that asks for them.
+#[cfg(feature = "simulators")]
+pub use saga_simulators as sim;
 #[cfg(feature = "ssr")]
 pub mod state;
 #[cfg(feature = "ssr")]

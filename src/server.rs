@@ -56,9 +56,9 @@ pub enum ServerError {
         mistakes: Vec<String>,
     },
     #[error("preparing the session table: {0}")]
-    Sessions(String),
+    Sessions(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("resuming from the saga log: {0}")]
-    Resume(String),
+    Resume(#[source] crate::saga::engine::Refusal),
     #[error("serving: {0}")]
     Serve(std::io::Error),
 }
@@ -170,16 +170,14 @@ impl Application {
         let metrics = Arc::new(crate::ops::metrics::Metrics::new().with_known_labels(&registry));
         let engine = Arc::new(
             Engine::new(store.clone(), registry.clone(), Arc::new(connectors))
-                .observed_by(metrics.clone()),
+                .observed_by(metrics.clone())
+                .calls_answered_within(longest_call),
         );
         // R11: the log says what was in flight when the last process
         // stopped; settle it before taking new calls. (Runs another live
         // instance holds are left to it; the sweep below carries on any
         // that a stopped instance left, once their leases run out.)
-        let resumed = engine
-            .resume()
-            .await
-            .map_err(|e| ServerError::Resume(e.to_string()))?;
+        let resumed = engine.resume().await.map_err(ServerError::Resume)?;
         tracing::info!(?resumed, "resumed from the saga log");
         let state = AppState {
             leptos_options: leptos_options(addr),
@@ -629,14 +627,14 @@ async fn router(
 fn with_sessions<S>(
     app: Router,
     sessions: S,
-    migrated: Result<(), impl std::fmt::Display>,
+    migrated: Result<(), impl std::error::Error + Send + Sync + 'static>,
     expiry: Expiry,
     browsers: BrowserPolicy,
 ) -> Result<Router, ServerError>
 where
     S: tower_sessions::SessionStore + tower_sessions::session_store::ExpiredDeletion + Clone,
 {
-    migrated.map_err(|e| ServerError::Sessions(e.to_string()))?;
+    migrated.map_err(|e| ServerError::Sessions(Box::new(e)))?;
     delete_expired_sessions(sessions.clone());
     Ok(app.layer(session_layer(sessions, expiry, browsers)))
 }

@@ -217,6 +217,7 @@ impl From<Refusal> for ApiError {
             | Refusal::RetryOfUnresolvedStep { .. }
             | Refusal::RunAwaitingApproval
             | Refusal::RunPastPivot
+            | Refusal::RunNeedsAttention
             | Refusal::RunClosed { .. }
             | Refusal::RunHasOpenEffects(_)
             | Refusal::QuestionAskedAgain { .. } => StatusCode::CONFLICT,
@@ -650,7 +651,7 @@ struct CallRequest {
     request_body = CallRequest,
     responses(
         (status = 200, description = "The tool's outcome (confirmed, failed, unknown, not_executed, awaiting_approval, rejected); never an HTTP error", body = schema::CallOutcome),
-        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change, run_busy (another instance holds the run, or this one lost it while paused: nothing was sent)", body = ErrorBody), (status = 503, description = "store_unavailable: the database cannot be reached; nothing was sent; send the same request again after Retry-After", body = ErrorBody)))]
+        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, run_needs_attention, run_closed, irreversible_before_pivot, run_has_open_effects, concurrent_change, run_busy (another instance holds the run, or this one lost it while paused: nothing was sent)", body = ErrorBody), (status = 503, description = "store_unavailable: the database cannot be reached; nothing was sent; send the same request again after Retry-After", body = ErrorBody)))]
 async fn call(
     State(state): State<AppState>,
     caller: CallingAgent,
@@ -702,7 +703,7 @@ struct PivotRequest {
     request_body = PivotRequest,
     responses(
         (status = 200, description = "The plan waits for a person's approval", body = PivotProposed),
-        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
+        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, run_needs_attention, run_closed, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn propose_pivot(
     State(state): State<AppState>,
     Agent(agent): Agent,
@@ -752,7 +753,7 @@ struct UnwindRequest {
     request_body = UnwindRequest,
     responses(
         (status = 200, description = "The run after its unwind (UNWOUND, or NEEDS_ATTENTION when a compensation needs a person)", body = schema::Run),
-        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
+        (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, run_needs_attention, run_closed, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn unwind(
     State(state): State<AppState>,
     Agent(agent): Agent,
@@ -778,7 +779,7 @@ async fn unwind(
 #[utoipa::path(post, path = "/api/v1/runs/{run}/complete", tag = "runs", params(("run" = String, Path, description = "The run id (a UUID) from POST /api/v1/runs")),
     responses(
         (status = 200, description = "The completed run", body = schema::Run),
-        (status = 400, description = "Not a run id", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
+        (status = 400, description = "Not a run id", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, run_needs_attention, run_closed, irreversible_before_pivot, run_has_open_effects, concurrent_change", body = ErrorBody)))]
 async fn complete(
     State(state): State<AppState>,
     Agent(agent): Agent,
@@ -815,8 +816,10 @@ struct ToolList {
 #[derive(Debug, Serialize, ToSchema)]
 struct ToolView {
     name: String,
+    #[schema(value_type = schema::ToolClass)]
     class: crate::saga::class::ToolClass,
     /// Who sees the effect at least; some arguments widen it.
+    #[schema(value_type = schema::Audience)]
     audience: crate::saga::class::Audience,
     /// Runs only as a commit step of an approved pivot.
     gated: bool,

@@ -3,13 +3,10 @@
 //! document generator. The enums are described from the lists the engine
 //! itself checks names against (`ALL`), spelt the way serde writes them;
 //! the structs are described by the types below, which
-//! `the_documented_schemas_name_every_field_the_api_sends` (tests/api.rs)
+//! `the_documented_schemas_name_every_field_the_api_sends` (tests/in_process/api.rs)
 //! holds to the JSON the API really sends.
 
-use crate::saga::class::{Audience, Phase, ToolClass};
-use crate::saga::engine::OutcomeKind;
-use crate::saga::model::ApprovalKind;
-use crate::saga::status::{ApprovalStatus, RunStatus, StepStatus};
+use crate::saga::{answer, class, model, status};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -31,29 +28,33 @@ fn names_of<T: Serialize>(all: &[T], description: &str) -> RefOr<Schema> {
         .into()
 }
 
-/// `ToSchema` for a closed set of names, from its `ALL` list.
+/// A schema, under the saga type's own name, for a closed set of names
+/// from that type's `ALL` list. (The saga's types are another crate's, so
+/// the schema is a stand-in of the same name.)
 macro_rules! named {
-    ($($ty:ty => $description:literal,)+) => {
+    ($($name:ident = $ty:ty => $description:literal,)+) => {
         $(
-            impl PartialSchema for $ty {
+            #[allow(dead_code)] // described, never built
+            pub(crate) struct $name;
+            impl PartialSchema for $name {
                 fn schema() -> RefOr<Schema> {
                     names_of(&<$ty>::ALL, $description)
                 }
             }
-            impl ToSchema for $ty {}
+            impl ToSchema for $name {}
         )+
     };
 }
 
 named! {
-    ToolClass => "How a tool's effect can be taken back (R1).",
-    Audience => "Who could have seen an effect, ordered by blast radius: a correction to the public outranks one to a customer, and so on down to the team.",
-    Phase => "Which side of the pivot a step ran on.",
-    StepStatus => "Where a non-pure step (or a compensation) stands in its lifecycle.",
-    RunStatus => "Where a run stands (DESIGN.md §3, \"Run statuses\").",
-    ApprovalStatus => "Where an approval request (pivot or single step) stands.",
-    ApprovalKind => "`pivot`: the whole commit plan of a run; `step`: one held call.",
-    OutcomeKind => "What the agent is told about its call (§5): never an HTTP error.",
+    ToolClass = class::ToolClass => "How a tool's effect can be taken back (R1).",
+    Audience = class::Audience => "Who could have seen an effect, ordered by blast radius: a correction to the public outranks one to a customer, and so on down to the team.",
+    Phase = class::Phase => "Which side of the pivot a step ran on.",
+    StepStatus = status::StepStatus => "Where a non-pure step (or a compensation) stands in its lifecycle.",
+    RunStatus = status::RunStatus => "Where a run stands (DESIGN.md §3, \"Run statuses\").",
+    ApprovalStatus = status::ApprovalStatus => "Where an approval request (pivot or single step) stands.",
+    ApprovalKind = model::ApprovalKind => "`pivot`: the whole commit plan of a run; `step`: one held call.",
+    OutcomeKind = answer::OutcomeKind => "What the agent is told about its call (§5): never an HTTP error.",
 }
 
 // Sent as `crate::saga::model::Run`.

@@ -22,6 +22,7 @@
 
 pub mod upstream;
 
+use crate::saga::answer::{outcome_words, AskAgain};
 use crate::saga::class::{Phase, ToolClass};
 use crate::saga::engine::{CallOutcome, Engine, OutcomeKind, Refusal};
 use crate::saga::input;
@@ -39,7 +40,6 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -89,12 +89,14 @@ struct Caller {
 pub struct Gateway {
     engine: Arc<Engine>,
     tools: Arc<Vec<Tool>>,
-    /// Runs already named, by (agent, label), shared by every session.
-    runs: Arc<std::sync::Mutex<HashMap<(String, String), Uuid>>>,
+    /// Runs already named, by (agent, label), shared by every session; the
+    /// least recently used forgotten first (and read from the store again
+    /// when named again).
+    runs: Arc<std::sync::Mutex<lru::LruCache<(String, String), Uuid>>>,
 }
 
-/// How many named runs the gateway remembers before starting afresh.
-const KNOWN_RUNS: usize = 10_000;
+/// How many named runs the gateway remembers.
+const KNOWN_RUNS: std::num::NonZeroUsize = std::num::NonZeroUsize::new(10_000).unwrap();
 
 impl Gateway {
     pub fn new(engine: Arc<Engine>, registry: &Registry) -> Gateway {
@@ -115,7 +117,7 @@ impl Gateway {
         Gateway {
             engine,
             tools: Arc::new(tools),
-            runs: Default::default(),
+            runs: Arc::new(std::sync::Mutex::new(lru::LruCache::new(KNOWN_RUNS))),
         }
     }
 
@@ -187,11 +189,10 @@ impl Gateway {
             })
             .await
             .map_err(|e| crate::incident::store_words("MCP tool call", &e))?;
-        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        if runs.len() >= KNOWN_RUNS {
-            runs.clear();
-        }
-        runs.insert(named, run.id);
+        self.runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .put(named, run.id);
         Ok(run.id)
     }
 
@@ -477,7 +478,10 @@ impl Gateway {
         )];
         let mut logged = Vec::new();
         for step in &steps {
-            let outcome = OutcomeKind::of(step.status);
+            let outcome = match self.engine.outcome_kind(step).await {
+                Ok(outcome) => outcome,
+                Err(refusal) => return refused(&refusal_words(&refusal)),
+            };
             let mut line = format!(
                 "step {}: {} — {}",
                 step.step_idx,
@@ -908,49 +912,18 @@ fn open_object() -> JsonObject {
 /// The engine's answer, as the model reads it. The structured content is
 /// the same object `/api/v1` answers with.
 fn answer(tool: &str, outcome: &CallOutcome, page: Option<&str>) -> CallToolResult {
-    let words = match outcome.outcome {
-        OutcomeKind::Confirmed => "done".to_owned(),
-        OutcomeKind::Failed => format!(
-            "the system refused this call; nothing happened: {}. Change course rather than \
-             retrying it",
-            outcome.error.clone().unwrap_or_default()
-        ),
-        OutcomeKind::Unknown => format!(
-            "the outcome is unknown and may have happened. Do not assume it failed and do not \
-             make another call with new arguments: call {tool} again, reworded or not, to read \
-             its outcome (the harness maps it to the same step)"
-        ),
-        OutcomeKind::NotExecuted => {
-            format!("nothing happened; call {tool} again to try it once more under the same key")
-        }
-        OutcomeKind::AwaitingApproval => format!(
-            "held for a person's approval; nothing was sent. {}Call {tool} again later to read \
-             the decision",
-            page.map(|page| format!("A support lead decides at {page}. "))
-                .unwrap_or_default()
-        ),
-        OutcomeKind::Rejected
-            if outcome
-                .error
-                .as_deref()
-                .is_some_and(|e| e.starts_with(crate::saga::engine::EXPIRED)) =>
-        {
-            format!(
-                "expired: nobody decided before the deadline, so it was not sent. Nobody \
-                 rejected it: call {tool} again if it is still wanted"
-            )
-        }
-        OutcomeKind::Rejected => {
-            "a person rejected this call; it was not sent. Go on without it".to_owned()
-        }
-    };
+    let words = outcome_words(
+        outcome.outcome,
+        AskAgain::Tool(tool),
+        outcome.error.as_deref(),
+        page,
+    );
     let mut text = format!("{}: {words}", outcome.outcome.as_str());
     if let Some(reference) = &outcome.external_ref {
         text.push_str(&format!(" (reference {reference})"));
     }
     let structured = serde_json::to_value(outcome).unwrap_or(Value::Null);
-    let final_no = matches!(outcome.outcome, OutcomeKind::Failed | OutcomeKind::Rejected);
-    let mut answer = result(text, Some(structured), final_no);
+    let mut answer = result(text, Some(structured), outcome.outcome.is_final_no());
     if outcome.outcome == OutcomeKind::Confirmed {
         if let Some(found) = &outcome.result {
             answer.content.extend(result_blocks(found));

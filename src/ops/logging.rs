@@ -26,6 +26,7 @@ pub const DEFAULT_FILTER: &str = "info,sqlx=warn,tower_sessions=warn,tower_sessi
 
 /// The benchmark prints a table; its servers' and slow-query lines would
 /// bury it.
+#[cfg(feature = "bench")]
 pub const BENCH_FILTER: &str = "warn,sqlx=error";
 
 /// The OTLP export, kept until the process ends so the spans still queued

@@ -224,7 +224,7 @@ impl Metrics {
         let mut text = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut text)
-            .map_err(|e| StoreError::Database(format!("encoding the metrics: {e}")))?;
+            .map_err(|e| StoreError::database("encoding the metrics", e))?;
         Ok(String::from_utf8_lossy(&text).into_owned())
     }
 

@@ -67,17 +67,17 @@ impl SqliteStore {
             .test_before_acquire(false)
             .connect_with(options.clone())
             .await
-            .map_err(|e| StoreError::Database(format!("cannot open {}: {e}", path.display())))?;
+            .map_err(|e| StoreError::database(format!("cannot open {}", path.display()), e))?;
         sqlx::migrate!("./migrations/sqlite")
             .run(&writer)
             .await
-            .map_err(|e| StoreError::Database(format!("migrating {}: {e}", path.display())))?;
+            .map_err(|e| StoreError::database(format!("migrating {}", path.display()), e))?;
         let readers = SqlitePoolOptions::new()
             .max_connections(8)
             .test_before_acquire(false)
             .connect_with(options.read_only(true))
             .await
-            .map_err(|e| StoreError::Database(format!("cannot open {}: {e}", path.display())))?;
+            .map_err(|e| StoreError::database(format!("cannot open {}", path.display()), e))?;
         let synchronous_is_normal = Arc::new(AtomicBool::new(false));
         Ok(SqliteStore {
             group: GroupWriter::start(writer.clone(), synchronous_is_normal.clone()),
@@ -210,7 +210,7 @@ fn take_process_lock(db: &Path) -> StoreResult<File> {
         .write(true)
         .open(&path)
         .map_err(|e| {
-            StoreError::Database(format!("cannot create lock file {}: {e}", path.display()))
+            StoreError::database(format!("cannot create lock file {}", path.display()), e)
         })?;
     match file.try_lock() {
         Ok(()) => Ok(file),
@@ -219,10 +219,10 @@ fn take_process_lock(db: &Path) -> StoreResult<File> {
              stop the other process, or point every instance at PostgreSQL (DATABASE_URL=postgres://...)",
             db.display()
         ))),
-        Err(TryLockError::Error(e)) => Err(StoreError::Database(format!(
-            "cannot lock {}: {e}",
-            path.display()
-        ))),
+        Err(TryLockError::Error(e)) => Err(StoreError::database(
+            format!("cannot lock {}", path.display()),
+            e,
+        )),
     }
 }
 

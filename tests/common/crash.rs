@@ -37,7 +37,7 @@ impl CrashingStore {
     }
 
     pub fn is_crash(err: &StoreError) -> bool {
-        matches!(err, StoreError::Database(m) if m == CRASH)
+        matches!(err, StoreError::Database { context, .. } if context == CRASH)
     }
 
     /// Runs one write, crashing around it when the countdown reaches it.
@@ -47,11 +47,11 @@ impl CrashingStore {
     ) -> StoreResult<T> {
         let crash_now = self.countdown.fetch_sub(1, Ordering::SeqCst) == 0;
         if crash_now && !self.after {
-            return Err(StoreError::Database(CRASH.into()));
+            return Err(StoreError::database(CRASH, "the test's crash"));
         }
         let result = op.await;
         if crash_now && result.is_ok() {
-            return Err(StoreError::Database(CRASH.into()));
+            return Err(StoreError::database(CRASH, "the test's crash"));
         }
         result
     }

@@ -85,6 +85,21 @@ pub async fn postgres() -> Option<TestDb> {
     })
 }
 
+/// A fresh PostgreSQL database, or the test returns at once saying it was
+/// skipped. (Never in CI: `postgres` fails the test there instead.)
+macro_rules! postgres_or_skip {
+    () => {
+        match crate::common::postgres().await {
+            Some(db) => db,
+            None => {
+                eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
+                return;
+            }
+        }
+    };
+}
+pub(crate) use postgres_or_skip;
+
 /// A fresh PostgreSQL database reached through a proxy the test can cut
 /// (`CutProxy::down`), for the faults of a database that goes away.
 pub async fn postgres_through_cut_proxy() -> Option<(TestDb, proxy::CutProxy)> {
@@ -245,6 +260,7 @@ where
     }
 }
 
+pub mod app;
 pub mod cluster;
 pub mod crash;
 pub mod process;
@@ -271,10 +287,7 @@ macro_rules! on_both_backends {
             $(
                 #[tokio::test]
                 async fn $name() {
-                    let Some(db) = crate::common::postgres().await else {
-                        eprintln!("skipped: SAGA_TEST_POSTGRES_URL is not set");
-                        return;
-                    };
+                    let db = crate::common::postgres_or_skip!();
                     let store = saga_harness::store::open(&db.url).await.unwrap().saga_store();
                     super::$name(super::$make(store)).await;
                 }

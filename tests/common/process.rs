@@ -47,7 +47,7 @@ impl Launch {
     }
 }
 
-pub struct Harness {
+pub struct TestProcess {
     child: Child,
     pub pid: u32,
     /// `http://127.0.0.1:PORT`
@@ -64,20 +64,20 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-impl Harness {
+impl TestProcess {
     /// Starts the binary and waits until `/healthz` answers (after resume,
     /// which runs before the server takes requests).
-    pub async fn start(launch: &Launch) -> Harness {
+    pub async fn start(launch: &Launch) -> TestProcess {
         // Port 0: the binary binds a port of its own and says which, so no
         // other test's process can take it between a choice and the bind.
-        let mut harness = Harness::spawn(launch);
+        let mut harness = TestProcess::spawn(launch);
         if let Err(log) = harness.wait_healthy().await {
             panic!("the harness exited during start-up:\n{log}");
         }
         harness
     }
 
-    fn spawn(launch: &Launch) -> Harness {
+    fn spawn(launch: &Launch) -> TestProcess {
         let dir = tempfile::tempdir().expect("a directory for the log");
         let log = dir.path().join("stderr.log");
         let mut command = Command::new(env!("CARGO_BIN_EXE_saga-harness"));
@@ -102,7 +102,7 @@ impl Harness {
             command.env(name, value);
         }
         let child = command.spawn().expect("the harness binary starts");
-        Harness {
+        TestProcess {
             pid: child.id(),
             child,
             // Known once the process says where it listens.
@@ -189,7 +189,7 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .and_then(|kib| kib.parse().ok())
 }
 
-impl Drop for Harness {
+impl Drop for TestProcess {
     fn drop(&mut self) {
         self.kill();
     }

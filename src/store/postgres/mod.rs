@@ -121,9 +121,7 @@ impl PostgresStore {
         // refused connection or a wrong password should be reported now.
         let probe = sqlx::PgConnection::connect_with(&options)
             .await
-            .map_err(|e| {
-                StoreError::Database(format!("cannot reach PostgreSQL at {place}: {e}"))
-            })?;
+            .map_err(|e| StoreError::database(format!("cannot reach PostgreSQL at {place}"), e))?;
         probe.close().await.map_err(db)?;
         let broken_at = Arc::new(AtomicI64::new(0));
         let pool = PgPoolOptions::new()
@@ -142,9 +140,7 @@ impl PostgresStore {
             })
             .connect_with(options)
             .await
-            .map_err(|e| {
-                StoreError::Database(format!("cannot reach PostgreSQL at {place}: {e}"))
-            })?;
+            .map_err(|e| StoreError::database(format!("cannot reach PostgreSQL at {place}"), e))?;
         let store = PostgresStore {
             writer: StepWriter::start(
                 pool.clone(),
@@ -161,9 +157,10 @@ impl PostgresStore {
             broken_at,
         };
         store.migrate().await.map_err(|e| match e {
-            StoreError::Database(e) => {
-                StoreError::Database(format!("migrating PostgreSQL at {place}: {e}"))
-            }
+            StoreError::Database { source, .. } => StoreError::Database {
+                context: format!("migrating PostgreSQL at {place}"),
+                source,
+            },
             other => other,
         })?;
         if settings.instance_id.is_some() {
@@ -182,7 +179,7 @@ impl PostgresStore {
             return migrator
                 .run(&self.pool)
                 .await
-                .map_err(|e| StoreError::Database(e.to_string()));
+                .map_err(|e| StoreError::database("migrating", e));
         }
         let needed = super::newest_migration(&migrator);
         let applied = self.applied_migration().await.ok().flatten();

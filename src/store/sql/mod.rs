@@ -36,7 +36,7 @@ pub(crate) fn db(err: sqlx::Error) -> StoreError {
             cause: err.to_string(),
         }
     } else {
-        StoreError::Database(err.to_string())
+        StoreError::database("database error", err)
     }
 }
 
@@ -314,1430 +314,1416 @@ pub(crate) struct Sql<D>(std::marker::PhantomData<D>);
 
 mod shared;
 
-#[async_trait::async_trait]
-impl<D> SagaStore for D
-where
-    D: Dialect,
-    for<'c> &'c mut DbConn<D>: sqlx::Executor<'c, Database = D::Db>,
-    for<'q> DbArgs<'q, D>: sqlx::IntoArguments<'q, D::Db>,
-    for<'q> String: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> bool: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Json<Value>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Json<Vec<String>>:
-        sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> DateTime<Utc>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<String>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db>,
-    for<'q> Option<&'q str>: sqlx::Encode<'q, D::Db>,
-    for<'q> Option<i64>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db>,
-    for<'q> Option<DateTime<Utc>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db>,
-    for<'q> Option<Json<Value>>: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db>,
-    for<'q> Json<&'q Value>: sqlx::Encode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> Option<Json<&'q Value>>: sqlx::Encode<'q, D::Db>,
-    for<'a> &'a str: sqlx::ColumnIndex<DbRow<D>>,
-    usize: sqlx::ColumnIndex<DbRow<D>>,
-    for<'q> Json<&'q Vec<String>>: sqlx::Encode<'q, D::Db> + sqlx::Type<D::Db>,
-{
-    fn backend(&self) -> Backend {
-        D::BACKEND
-    }
+/// `SagaStore` for a backend, written once over its `Dialect`. The trait is
+/// the saga core's (another crate), so it is implemented for each store
+/// type by name rather than for every `Dialect` at once.
+macro_rules! saga_store_over_dialect {
+    ($store:ty) => {
+        #[async_trait::async_trait]
+        impl SagaStore for $store {
+            fn backend(&self) -> Backend {
+                Self::BACKEND
+            }
 
-    async fn claim_run(&self, run_id: Uuid) -> StoreResult<Box<dyn crate::saga::store::RunClaim>> {
-        self.claim(run_id).await
-    }
+            async fn claim_run(&self, run_id: Uuid) -> StoreResult<Box<dyn crate::saga::store::RunClaim>> {
+                self.claim(run_id).await
+            }
 
-    async fn claim_and_read(&self, run_id: Uuid) -> StoreResult<crate::saga::store::ClaimedRun> {
-        self.claim_and_read_here(run_id).await
-    }
+            async fn claim_and_read(&self, run_id: Uuid) -> StoreResult<crate::saga::store::ClaimedRun> {
+                self.claim_and_read_here(run_id).await
+            }
 
-    async fn claim_and_record_step(
-        &self,
-        bearer: Bearer<'_>,
-        new: NewStep,
-        actor: &Actor,
-    ) -> StoreResult<Option<(Box<dyn crate::saga::store::RunClaim>, Step)>> {
-        self.claim_and_record_step_here(bearer, new, actor).await
-    }
+            async fn claim_and_record_step(
+                &self,
+                bearer: Bearer<'_>,
+                new: NewStep,
+                actor: &Actor,
+            ) -> StoreResult<Option<(Box<dyn crate::saga::store::RunClaim>, Step)>> {
+                self.claim_and_record_step_here(bearer, new, actor).await
+            }
 
-    async fn settle_step_and_release(
-        &self,
-        run_id: Uuid,
-        step_idx: i64,
-        outcome: Outcome,
-        durability: Durability,
-        actor: &Actor,
-        claim: &mut dyn crate::saga::store::RunClaim,
-    ) -> StoreResult<Step> {
-        self.settle_step_and_release_here(run_id, step_idx, outcome, durability, actor, claim)
-            .await
-    }
+            async fn settle_step_and_release(
+                &self,
+                run_id: Uuid,
+                step_idx: i64,
+                outcome: Outcome,
+                durability: Durability,
+                actor: &Actor,
+                claim: &mut dyn crate::saga::store::RunClaim,
+            ) -> StoreResult<Step> {
+                self.settle_step_and_release_here(run_id, step_idx, outcome, durability, actor, claim)
+                    .await
+            }
 
-    async fn try_claim_run(
-        &self,
-        run_id: Uuid,
-    ) -> StoreResult<Option<Box<dyn crate::saga::store::RunClaim>>> {
-        self.claim_now(run_id).await
-    }
+            async fn try_claim_run(
+                &self,
+                run_id: Uuid,
+            ) -> StoreResult<Option<Box<dyn crate::saga::store::RunClaim>>> {
+                self.claim_now(run_id).await
+            }
 
-    async fn create_run(&self, new: NewRun) -> StoreResult<(Run, bool)> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let id = Uuid::new_v4();
-        let now = Utc::now();
-        let inserted = Sql::<D>::query(
-                    "INSERT INTO runs (id, agent, label, purpose, status, next_step, irreversible_before_pivot, created_at, updated_at)
-                     VALUES ($1, $2, $3, $4, $5, 0, 0, $6, $6)
-                     ON CONFLICT (agent, label) DO NOTHING",
+            async fn create_run(&self, new: NewRun) -> StoreResult<(Run, bool)> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let id = Uuid::new_v4();
+                let now = Utc::now();
+                let inserted = Sql::<Self>::query(
+                            "INSERT INTO runs (id, agent, label, purpose, status, next_step, irreversible_before_pivot, created_at, updated_at)
+                             VALUES ($1, $2, $3, $4, $5, 0, 0, $6, $6)
+                             ON CONFLICT (agent, label) DO NOTHING",
+                        )
+                        .bind(id.to_string())
+                        .bind(&new.agent)
+                        .bind(&new.label)
+                        .bind(&new.purpose)
+                        .bind(RunStatus::Running.as_str())
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?
+                        .rows_affected()
+                            == 1;
+                let row = if inserted {
+                    Sql::<Self>::append_event(
+                        &mut tx,
+                        EventLine {
+                            run_id: Some(id),
+                            entity: "run",
+                            entity_id: None,
+                            actor: &Actor::Agent(new.agent.clone()),
+                            from: None,
+                            to: Some(RunStatus::Running.as_str()),
+                            detail: Some(new.purpose.clone()),
+                            at: now,
+                        },
+                    )
+                    .await?;
+                    Sql::<Self>::query("SELECT * FROM runs WHERE id = $1")
+                        .bind(id.to_string())
+                        .fetch_one(&mut *tx)
+                        .await
+                } else {
+                    Sql::<Self>::query("SELECT * FROM runs WHERE agent = $1 AND label = $2")
+                        .bind(&new.agent)
+                        .bind(&new.label)
+                        .fetch_one(&mut *tx)
+                        .await
+                }
+                .map_err(db)?;
+                Sql::<Self>::commit(tx).await?;
+                Ok((Sql::<Self>::run_from(&row)?, inserted))
+            }
+
+            async fn run(&self, id: Uuid) -> StoreResult<Option<Run>> {
+                let query = Sql::<Self>::query("SELECT * FROM runs WHERE id = $1").bind(id.to_string());
+                Sql::<Self>::one(&mut *self.read_conn().await?, query, Sql::<Self>::run_from).await
+            }
+
+            async fn list_runs(&self, limit: i64) -> StoreResult<Vec<Run>> {
+                let query =
+                    Sql::<Self>::query("SELECT * FROM runs ORDER BY created_at DESC, id LIMIT $1").bind(limit);
+                Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::run_from).await
+            }
+
+            async fn runs_page(
+                &self,
+                status: Option<RunStatus>,
+                offset: i64,
+                limit: i64,
+            ) -> StoreResult<RunsPage> {
+                // '' matches every status: one statement for both backends.
+                let wanted = status.map(|s| s.as_str()).unwrap_or("");
+                let rows = Sql::<Self>::query(
+                    "SELECT runs.*, CAST(CASE
+                                 WHEN runs.status = 'AWAITING_APPROVAL' OR EXISTS (
+                                     SELECT 1 FROM approvals
+                                     WHERE approvals.run_id = runs.id AND approvals.status = 'pending')
+                                 THEN 0
+                                 WHEN runs.status = 'NEEDS_ATTENTION' THEN 1
+                                 ELSE 2 END AS BIGINT) AS waiting_rank
+                             FROM runs
+                             WHERE ($1 = '' OR runs.status = $1)
+                             ORDER BY waiting_rank, runs.created_at DESC, runs.id
+                             LIMIT $2 OFFSET $3",
                 )
-                .bind(id.to_string())
-                .bind(&new.agent)
-                .bind(&new.label)
-                .bind(&new.purpose)
-                .bind(RunStatus::Running.as_str())
+                .bind(wanted)
+                .bind(limit)
+                .bind(offset)
+                .fetch_all(&mut *self.read_conn().await?)
+                .await
+                .map_err(db)?;
+                let mut runs = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    let rank: i64 = row
+                        .try_get("waiting_rank")
+                        .map_err(|e| corrupt("waiting_rank", e))?;
+                    runs.push((Sql::<Self>::run_from(row)?, rank == 0));
+                }
+                let total: i64 =
+                    Sql::<Self>::query_scalar("SELECT COUNT(*) FROM runs WHERE ($1 = '' OR status = $1)")
+                        .bind(wanted)
+                        .fetch_one(&mut *self.read_conn().await?)
+                        .await
+                        .map_err(db)?;
+                Ok(RunsPage { runs, total })
+            }
+
+            async fn stale_steps(
+                &self,
+                before: chrono::DateTime<Utc>,
+                statuses: &[RunStatus],
+            ) -> StoreResult<Vec<(Uuid, i64)>> {
+                if statuses.is_empty() {
+                    return Ok(Vec::new());
+                }
+                // The status condition is the partial index saga_log_unsettled's.
+                let sql = format!(
+                    "SELECT s.run_id, s.step_idx FROM saga_log s JOIN runs r ON r.id = s.run_id
+                             WHERE s.status IN ('INTENDED', 'UNKNOWN') AND s.updated_at <= $1
+                               AND r.status IN ({})
+                             ORDER BY s.run_id, s.step_idx",
+                    placeholders(2, statuses.len())
+                );
+                Sql::<Self>::bind_statuses(Sql::<Self>::query(&sql).bind(before), statuses)
+                    .fetch_all(&mut *self.read_conn().await?)
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(|row| {
+                        Ok((
+                            parse_uuid("run_id", &Sql::<Self>::text(row, "run_id")?)?,
+                            Sql::<Self>::get(row, "step_idx")?,
+                        ))
+                    })
+                    .collect()
+            }
+
+            async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>> {
+                if statuses.is_empty() {
+                    return Ok(Vec::new());
+                }
+                // One query for every status: `status IN ($1, …, $n)`.
+                let sql = format!(
+                    "SELECT * FROM runs WHERE status IN ({}) ORDER BY created_at, id",
+                    placeholders(1, statuses.len())
+                );
+                Sql::<Self>::bind_statuses(Sql::<Self>::query(&sql), statuses)
+                    .fetch_all(&mut *self.read_conn().await?)
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(Sql::<Self>::run_from)
+                    .collect()
+            }
+
+            async fn move_run(
+                &self,
+                id: Uuid,
+                from: RunStatus,
+                to: RunStatus,
+                actor: &Actor,
+                detail: Option<&str>,
+            ) -> StoreResult<Run> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let run = Sql::<Self>::apply_run_move(&mut tx, id, from, to, actor, detail).await?;
+                Sql::<Self>::commit(tx).await?;
+                Ok(run)
+            }
+
+            async fn record_step(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
+                self.record_step_alone(new, actor).await
+            }
+
+            async fn record_held_step(
+                &self,
+                new: NewStep,
+                approval: NewApproval,
+                actor: &Actor,
+            ) -> StoreResult<(Step, Approval)> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let step = Sql::<Self>::insert_step(&mut tx, new, actor).await?;
+                let approval = Sql::<Self>::insert_approval(&mut tx, approval, None, actor).await?;
+                Sql::<Self>::commit(tx).await?;
+                Ok((step, approval))
+            }
+
+            async fn settle_step(
+                &self,
+                run_id: Uuid,
+                step_idx: i64,
+                outcome: Outcome,
+                durability: Durability,
+                actor: &Actor,
+            ) -> StoreResult<Step> {
+                check_step_transition(Lifecycle::Step, outcome.from, outcome.to)?;
+                if approves_individually(&outcome) {
+                    // A held step released by a person also marks the step
+                    // and counts it against the run: the general path.
+                    let mut conn = self.write(durability).await?;
+                    let mut tx = conn.begin().await.map_err(db)?;
+                    Self::lazy_commit(&mut tx, durability).await?;
+                    let step = Sql::<Self>::settle_step_in(&mut tx, run_id, step_idx, outcome, actor).await?;
+                    Sql::<Self>::commit(tx).await?;
+                    return Ok(step);
+                }
+                self.settle_step_alone(run_id, step_idx, outcome, durability, actor)
+                    .await
+            }
+
+            async fn step(&self, run_id: Uuid, step_idx: i64) -> StoreResult<Option<Step>> {
+                let query = Sql::<Self>::query("SELECT * FROM saga_log WHERE run_id = $1 AND step_idx = $2")
+                    .bind(run_id.to_string())
+                    .bind(step_idx);
+                Sql::<Self>::one(&mut *self.read_conn().await?, query, Sql::<Self>::step_from).await
+            }
+
+            async fn steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
+                let query = Sql::<Self>::query("SELECT * FROM saga_log WHERE run_id = $1 ORDER BY step_idx")
+                    .bind(run_id.to_string());
+                Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::step_from).await
+            }
+
+            async fn unsettled_steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
+                // The same condition as the partial index saga_log_open_by_run
+                // (migration 0002), word for word, so both backends use it.
+                Sql::<Self>::query(concat!(
+                    "SELECT * FROM saga_log WHERE run_id = $1 AND status IN ",
+                    crate::store::sql::unsettled_sql!(),
+                    " ORDER BY step_idx"
+                ))
+                .bind(run_id.to_string())
+                .fetch_all(&mut *self.read_conn().await?)
+                .await
+                .map_err(db)?
+                .iter()
+                .map(Sql::<Self>::step_from)
+                .collect()
+            }
+
+            async fn step_by_key(&self, idempotency_key: &str) -> StoreResult<Option<Step>> {
+                let query = Sql::<Self>::query("SELECT * FROM saga_log WHERE idempotency_key = $1")
+                    .bind(idempotency_key);
+                Sql::<Self>::one(&mut *self.read_conn().await?, query, Sql::<Self>::step_from).await
+            }
+
+            async fn set_owed_to_agent(&self, run_id: Uuid, step_idx: i64, owed: bool) -> StoreResult<()> {
+                // Lazy: a lost flag is rebuilt by the agent's next re-send,
+                // and any later durable commit carries it to disk (§9).
+                let mut conn = self.write(Durability::Lazy).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                Self::lazy_commit(&mut tx, Durability::Lazy).await?;
+                let changed = Sql::<Self>::query(
+                    "UPDATE saga_log SET owed_to_agent = $1 WHERE run_id = $2 AND step_idx = $3",
+                )
+                .bind(owed)
+                .bind(run_id.to_string())
+                .bind(step_idx)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?
+                .rows_affected();
+                if changed == 0 {
+                    return Err(StoreError::NotFound {
+                        what: format!("step {step_idx} of run {run_id}"),
+                    });
+                }
+                Sql::<Self>::commit(tx).await
+            }
+
+            async fn note(&self, run_id: Uuid, actor: &Actor, detail: &str) -> StoreResult<()> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                Sql::<Self>::append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(run_id),
+                        entity: "run",
+                        entity_id: None,
+                        actor,
+                        from: None,
+                        to: None,
+                        detail: Some(detail.to_owned()),
+                        at: Utc::now(),
+                    },
+                )
+                .await?;
+                Sql::<Self>::commit(tx).await
+            }
+
+            async fn record_compensation(
+                &self,
+                new: NewCompensation,
+                actor: &Actor,
+            ) -> StoreResult<Compensation> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let step_status =
+                    Sql::<Self>::query("SELECT status FROM saga_log WHERE run_id = $1 AND step_idx = $2")
+                        .bind(new.run_id.to_string())
+                        .bind(new.step_idx)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?
+                        .ok_or_else(|| StoreError::NotFound {
+                            what: format!("step {} of run {}", new.step_idx, new.run_id),
+                        })?;
+                let step_status: StepStatus = Sql::<Self>::parsed(&step_status, "status")?;
+                if step_status != StepStatus::Confirmed {
+                    return Err(StoreError::Invalid(format!(
+                        "step {} is {step_status}: only a confirmed step is compensated",
+                        new.step_idx
+                    )));
+                }
+                let now = Utc::now();
+                let row = Sql::<Self>::query(
+                            "INSERT INTO compensations (run_id, step_idx, tool, idempotency_key, args, status, created_at, updated_at)
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
+                             RETURNING *",
+                        )
+                        .bind(new.run_id.to_string())
+                        .bind(new.step_idx)
+                        .bind(&new.tool)
+                        .bind(&new.idempotency_key)
+                        .bind(Json(&new.args))
+                        .bind(StepStatus::Intended.as_str())
+                        .bind(now)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(|e| db_error(e, || format!("compensation of step {}", new.step_idx)))?;
+                Sql::<Self>::append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(new.run_id),
+                        entity: "compensation",
+                        entity_id: Some(new.step_idx),
+                        actor,
+                        from: None,
+                        to: Some(StepStatus::Intended.as_str()),
+                        detail: Some(format!("{} key={}", new.tool, new.idempotency_key)),
+                        at: now,
+                    },
+                )
+                .await?;
+                Sql::<Self>::commit(tx).await?;
+                Sql::<Self>::compensation_from(&row)
+            }
+
+            async fn settle_compensation(
+                &self,
+                run_id: Uuid,
+                step_idx: i64,
+                outcome: Outcome,
+                durability: Durability,
+                actor: &Actor,
+            ) -> StoreResult<Compensation> {
+                check_step_transition(Lifecycle::Compensation, outcome.from, outcome.to)?;
+                let mut conn = self.write(durability).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                Self::lazy_commit(&mut tx, durability).await?;
+                let now = Utc::now();
+                let row = Sql::<Self>::outcome_row(
+                    &mut tx,
+                    Settled::Compensation,
+                    &outcome,
+                    now,
+                    actor,
+                    run_id,
+                    step_idx,
+                )
+                .await?;
+                // A confirmed compensation settles its step as COMPENSATED in
+                // the same commit, so the two can never disagree.
+                if outcome.to == StepStatus::Confirmed {
+                    check_step_transition(
+                        Lifecycle::Step,
+                        StepStatus::Confirmed,
+                        StepStatus::Compensated,
+                    )?;
+                    let moved = Sql::<Self>::query(
+                        "UPDATE saga_log SET status = $1, updated_at = $2
+                                 WHERE run_id = $3 AND step_idx = $4 AND status = $5",
+                    )
+                    .bind(StepStatus::Compensated.as_str())
+                    .bind(now)
+                    .bind(run_id.to_string())
+                    .bind(step_idx)
+                    .bind(StepStatus::Confirmed.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .rows_affected();
+                    if moved != 1 {
+                        return Err(Sql::<Self>::step_not_settled(
+                            &mut tx,
+                            run_id,
+                            step_idx,
+                            StepStatus::Confirmed,
+                        )
+                        .await);
+                    }
+                    Sql::<Self>::append_event(
+                        &mut tx,
+                        EventLine {
+                            run_id: Some(run_id),
+                            entity: "step",
+                            entity_id: Some(step_idx),
+                            actor,
+                            from: Some(StepStatus::Confirmed.as_str()),
+                            to: Some(StepStatus::Compensated.as_str()),
+                            detail: None,
+                            at: now,
+                        },
+                    )
+                    .await?;
+                }
+                Sql::<Self>::commit(tx).await?;
+                Sql::<Self>::compensation_from(&row)
+            }
+
+            async fn compensations(&self, run_id: Uuid) -> StoreResult<Vec<Compensation>> {
+                let query = Sql::<Self>::query(
+                    "SELECT * FROM compensations WHERE run_id = $1 ORDER BY created_at, step_idx",
+                )
+                .bind(run_id.to_string());
+                Sql::<Self>::all(
+                    &mut *self.read_conn().await?,
+                    query,
+                    Sql::<Self>::compensation_from,
+                )
+                .await
+            }
+
+            async fn request_approval(
+                &self,
+                new: NewApproval,
+                run_move: Option<(RunStatus, RunStatus)>,
+                actor: &Actor,
+            ) -> StoreResult<Approval> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let approval = Sql::<Self>::insert_approval(&mut tx, new, run_move, actor).await?;
+                Sql::<Self>::commit(tx).await?;
+                Ok(approval)
+            }
+
+            async fn edit_plan(&self, change: PlanChange, actor: &Actor) -> StoreResult<Approval> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let found = Sql::<Self>::query(
+                    "UPDATE approvals SET plan = $1, digest = $2, approvers_needed = $3,
+                                 first_approver = NULL, first_approved_at = NULL
+                             WHERE id = $4 AND status = $5 AND digest = $6 RETURNING *",
+                )
+                .bind(Json(&change.plan))
+                .bind(&change.digest)
+                .bind(change.approvers_needed)
+                .bind(change.approval_id)
+                .bind(ApprovalStatus::Pending.as_str())
+                .bind(&change.digest_before)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
+                let Some(row) = found else {
+                    let current = Sql::<Self>::query("SELECT status FROM approvals WHERE id = $1")
+                        .bind(change.approval_id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    return Err(match current {
+                        None => StoreError::NotFound {
+                            what: format!("approval {}", change.approval_id),
+                        },
+                        Some(row)
+                            if Sql::<Self>::text(&row, "status")? == ApprovalStatus::Pending.as_str() =>
+                        {
+                            StoreError::PlanChanged
+                        }
+                        Some(row) => StoreError::Invalid(format!(
+                            "approval {} is {}: only a waiting plan can be edited",
+                            change.approval_id,
+                            Sql::<Self>::text(&row, "status")?.to_lowercase()
+                        )),
+                    });
+                };
+                let approval = Sql::<Self>::approval_from(&row)?;
+                Sql::<Self>::append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(approval.run_id),
+                        entity: "approval",
+                        entity_id: Some(approval.id),
+                        actor,
+                        from: Some(ApprovalStatus::Pending.as_str()),
+                        to: Some(ApprovalStatus::Pending.as_str()),
+                        detail: Some(change.detail),
+                        at: Utc::now(),
+                    },
+                )
+                .await?;
+                Sql::<Self>::commit(tx).await?;
+                Ok(approval)
+            }
+
+            async fn decide_approval(&self, decision: Decision, actor: &Actor) -> StoreResult<Approval> {
+                check_approval_transition(ApprovalStatus::Pending, decision.to)?;
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let row = Sql::<Self>::query(Self::APPROVAL_FOR_UPDATE)
+                    .bind(decision.approval_id)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .ok_or_else(|| StoreError::NotFound {
+                        what: format!("approval {}", decision.approval_id),
+                    })?;
+                let current = Sql::<Self>::approval_from(&row)?;
+                if current.status == decision.to {
+                    // A second click or a replay: already done.
+                    return Ok(current);
+                }
+                if current.status == ApprovalStatus::Superseded {
+                    // The approver looked at a plan that has since been replaced.
+                    return Err(StoreError::PlanChanged);
+                }
+                check_approval_transition(current.status, decision.to)?;
+                if current.digest != decision.digest {
+                    return Err(StoreError::PlanChanged);
+                }
+                let now = Utc::now();
+                if decision.to == ApprovalStatus::Approved && current.expires_at.is_some_and(|at| at <= now)
+                {
+                    return Err(StoreError::Invalid(format!(
+                        "approval {} passed its deadline before it was approved; nothing was sent",
+                        current.id
+                    )));
+                }
+                if decision.to == ApprovalStatus::Approved && current.approvers_needed > 1 {
+                    let who = actor.to_string();
+                    match &current.first_approver {
+                        // The first of two: recorded; the approval still waits.
+                        None => {
+                            let row = Sql::<Self>::query(
+                                        "UPDATE approvals SET first_approver = $1, first_approved_at = $2
+                                         WHERE id = $3 AND status = $4 AND first_approver IS NULL RETURNING *",
+                                    )
+                                    .bind(&who)
+                                    .bind(now)
+                                    .bind(decision.approval_id)
+                                    .bind(ApprovalStatus::Pending.as_str())
+                                    .fetch_one(&mut *tx)
+                                    .await
+                                    .map_err(db)?;
+                            Sql::<Self>::append_event(
+                                &mut tx,
+                                EventLine {
+                                    run_id: Some(current.run_id),
+                                    entity: "approval",
+                                    entity_id: Some(current.id),
+                                    actor,
+                                    from: Some(ApprovalStatus::Pending.as_str()),
+                                    to: Some(ApprovalStatus::Pending.as_str()),
+                                    detail: Some(format!(
+                                        "approved, 1 of {}: a second, different approver decides{}",
+                                        current.approvers_needed,
+                                        decision
+                                            .note
+                                            .as_deref()
+                                            .map(|n| format!(" ({n})"))
+                                            .unwrap_or_default()
+                                    )),
+                                    at: now,
+                                },
+                            )
+                            .await?;
+                            Sql::<Self>::commit(tx).await?;
+                            return Sql::<Self>::approval_from(&row);
+                        }
+                        Some(first) if first == actor => {
+                            return Err(StoreError::Invalid(format!(
+                                        "{} already approved this; the two-person rule needs a second, different approver",
+                                        actor.name()
+                                    )));
+                        }
+                        Some(_) => {}
+                    }
+                }
+                let row = Sql::<Self>::query(
+                    "UPDATE approvals SET status = $1, decided_by = $2, decided_at = $3, note = $4
+                             WHERE id = $5 AND status = $6 RETURNING *",
+                )
+                .bind(decision.to.as_str())
+                .bind(actor.to_string())
+                .bind(now)
+                .bind(&decision.note)
+                .bind(decision.approval_id)
+                .bind(ApprovalStatus::Pending.as_str())
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db)?;
+                Sql::<Self>::append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(current.run_id),
+                        entity: "approval",
+                        entity_id: Some(current.id),
+                        actor,
+                        from: Some(ApprovalStatus::Pending.as_str()),
+                        to: Some(decision.to.as_str()),
+                        detail: decision.note.clone(),
+                        at: now,
+                    },
+                )
+                .await?;
+                if let Some((from, to)) = decision.run_move {
+                    Sql::<Self>::apply_run_move(
+                        &mut tx,
+                        current.run_id,
+                        from,
+                        to,
+                        actor,
+                        Some("approval decided"),
+                    )
+                    .await?;
+                }
+                Sql::<Self>::commit(tx).await?;
+                Sql::<Self>::approval_from(&row)
+            }
+
+            async fn approval(&self, id: i64) -> StoreResult<Option<Approval>> {
+                let query = Sql::<Self>::query("SELECT * FROM approvals WHERE id = $1").bind(id);
+                Sql::<Self>::one(
+                    &mut *self.read_conn().await?,
+                    query,
+                    Sql::<Self>::approval_from,
+                )
+                .await
+            }
+
+            async fn approvals(&self, run_id: Uuid) -> StoreResult<Vec<Approval>> {
+                let query = Sql::<Self>::query("SELECT * FROM approvals WHERE run_id = $1 ORDER BY id")
+                    .bind(run_id.to_string());
+                Sql::<Self>::all(
+                    &mut *self.read_conn().await?,
+                    query,
+                    Sql::<Self>::approval_from,
+                )
+                .await
+            }
+
+            async fn pending_approvals(&self) -> StoreResult<Vec<Approval>> {
+                let query =
+                    Sql::<Self>::query("SELECT * FROM approvals WHERE status = $1 ORDER BY created_at, id")
+                        .bind(ApprovalStatus::Pending.as_str());
+                Sql::<Self>::all(
+                    &mut *self.read_conn().await?,
+                    query,
+                    Sql::<Self>::approval_from,
+                )
+                .await
+            }
+
+            async fn approvals_without_notice(&self) -> StoreResult<Vec<Approval>> {
+                let query = Sql::<Self>::query(
+                    "SELECT a.* FROM approvals a
+                             WHERE a.status = $1
+                               AND NOT EXISTS (SELECT 1 FROM approval_notices n WHERE n.approval_id = a.id)
+                             ORDER BY a.created_at, a.id",
+                )
+                .bind(ApprovalStatus::Pending.as_str());
+                Sql::<Self>::all(
+                    &mut *self.read_conn().await?,
+                    query,
+                    Sql::<Self>::approval_from,
+                )
+                .await
+            }
+
+            async fn record_notice(&self, new: NewNotice) -> StoreResult<Notice> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let now = Utc::now();
+                Sql::<Self>::query(
+                    "INSERT INTO approval_notices (approval_id, place, run_id, idempotency_key, channel,
+                                status, done, created_at, updated_at)
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)
+                             ON CONFLICT (approval_id, place) DO NOTHING",
+                )
+                .bind(new.approval_id)
+                .bind(&new.place)
+                .bind(new.run_id.to_string())
+                .bind(&new.idempotency_key)
+                .bind(&new.channel)
+                .bind(NoticeStatus::Intended.as_str())
+                .bind(false)
+                .bind(now)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| db_error(e, || format!("notice key {}", new.idempotency_key)))?;
+                let row =
+                    Sql::<Self>::query("SELECT * FROM approval_notices WHERE approval_id = $1 AND place = $2")
+                        .bind(new.approval_id)
+                        .bind(&new.place)
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(db)?;
+                Sql::<Self>::notice_from(&row)
+            }
+
+            async fn save_notice(&self, notice: &Notice) -> StoreResult<()> {
+                let mut conn = self.write(Durability::Durable).await?;
+                Sql::<Self>::query(
+                    "UPDATE approval_notices SET status = $1, message_ref = $2, shown = $3, done = $4,
+                                error = $5, updated_at = $6
+                             WHERE approval_id = $7 AND place = $8",
+                )
+                .bind(notice.status.as_str())
+                .bind(&notice.message_ref)
+                .bind(&notice.shown)
+                .bind(notice.done)
+                .bind(&notice.error)
+                .bind(Utc::now())
+                .bind(notice.approval_id)
+                .bind(&notice.place)
+                .execute(&mut *conn)
+                .await
+                .map_err(db)?;
+                Ok(())
+            }
+
+            async fn open_notices(&self) -> StoreResult<Vec<Notice>> {
+                let query = Sql::<Self>::query(
+                    "SELECT * FROM approval_notices WHERE done = $1 ORDER BY created_at, approval_id",
+                )
+                .bind(false);
+                Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::notice_from).await
+            }
+
+            async fn notices(&self, approval_id: i64) -> StoreResult<Vec<Notice>> {
+                let query = Sql::<Self>::query(
+                    "SELECT * FROM approval_notices WHERE approval_id = $1 ORDER BY created_at",
+                )
+                .bind(approval_id);
+                Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::notice_from).await
+            }
+
+            async fn first_sighting(
+                &self,
+                signature: &str,
+                now: chrono::DateTime<Utc>,
+                forget_before: chrono::DateTime<Utc>,
+            ) -> StoreResult<bool> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                Sql::<Self>::query("DELETE FROM slack_requests WHERE seen_at < $1")
+                    .bind(forget_before)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                let inserted = Sql::<Self>::query(
+                    "INSERT INTO slack_requests (signature, seen_at) VALUES ($1, $2)
+                             ON CONFLICT (signature) DO NOTHING",
+                )
+                .bind(signature)
                 .bind(now)
                 .execute(&mut *tx)
                 .await
                 .map_err(db)?
-                .rows_affected()
-                    == 1;
-        let row = if inserted {
-            Sql::<D>::append_event(
-                &mut tx,
-                EventLine {
-                    run_id: Some(id),
-                    entity: "run",
-                    entity_id: None,
-                    actor: &Actor::Agent(new.agent.clone()),
-                    from: None,
-                    to: Some(RunStatus::Running.as_str()),
-                    detail: Some(new.purpose.clone()),
-                    at: now,
-                },
-            )
-            .await?;
-            Sql::<D>::query("SELECT * FROM runs WHERE id = $1")
-                .bind(id.to_string())
-                .fetch_one(&mut *tx)
-                .await
-        } else {
-            Sql::<D>::query("SELECT * FROM runs WHERE agent = $1 AND label = $2")
-                .bind(&new.agent)
-                .bind(&new.label)
-                .fetch_one(&mut *tx)
-                .await
-        }
-        .map_err(db)?;
-        Sql::<D>::commit(tx).await?;
-        Ok((Sql::<D>::run_from(&row)?, inserted))
-    }
-
-    async fn run(&self, id: Uuid) -> StoreResult<Option<Run>> {
-        let query = Sql::<D>::query("SELECT * FROM runs WHERE id = $1").bind(id.to_string());
-        Sql::<D>::one(&mut *self.read_conn().await?, query, Sql::<D>::run_from).await
-    }
-
-    async fn list_runs(&self, limit: i64) -> StoreResult<Vec<Run>> {
-        let query =
-            Sql::<D>::query("SELECT * FROM runs ORDER BY created_at DESC, id LIMIT $1").bind(limit);
-        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::run_from).await
-    }
-
-    async fn runs_page(
-        &self,
-        status: Option<RunStatus>,
-        offset: i64,
-        limit: i64,
-    ) -> StoreResult<RunsPage> {
-        // '' matches every status: one statement for both backends.
-        let wanted = status.map(|s| s.as_str()).unwrap_or("");
-        let rows = Sql::<D>::query(
-            "SELECT runs.*, CAST(CASE
-                         WHEN runs.status = 'AWAITING_APPROVAL' OR EXISTS (
-                             SELECT 1 FROM approvals
-                             WHERE approvals.run_id = runs.id AND approvals.status = 'pending')
-                         THEN 0
-                         WHEN runs.status = 'NEEDS_ATTENTION' THEN 1
-                         ELSE 2 END AS BIGINT) AS waiting_rank
-                     FROM runs
-                     WHERE ($1 = '' OR runs.status = $1)
-                     ORDER BY waiting_rank, runs.created_at DESC, runs.id
-                     LIMIT $2 OFFSET $3",
-        )
-        .bind(wanted)
-        .bind(limit)
-        .bind(offset)
-        .fetch_all(&mut *self.read_conn().await?)
-        .await
-        .map_err(db)?;
-        let mut runs = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let rank: i64 = row
-                .try_get("waiting_rank")
-                .map_err(|e| corrupt("waiting_rank", e))?;
-            runs.push((Sql::<D>::run_from(row)?, rank == 0));
-        }
-        let total: i64 =
-            Sql::<D>::query_scalar("SELECT COUNT(*) FROM runs WHERE ($1 = '' OR status = $1)")
-                .bind(wanted)
-                .fetch_one(&mut *self.read_conn().await?)
-                .await
-                .map_err(db)?;
-        Ok(RunsPage { runs, total })
-    }
-
-    async fn stale_steps(
-        &self,
-        before: chrono::DateTime<Utc>,
-        statuses: &[RunStatus],
-    ) -> StoreResult<Vec<(Uuid, i64)>> {
-        if statuses.is_empty() {
-            return Ok(Vec::new());
-        }
-        // The status condition is the partial index saga_log_unsettled's.
-        let sql = format!(
-            "SELECT s.run_id, s.step_idx FROM saga_log s JOIN runs r ON r.id = s.run_id
-                     WHERE s.status IN ('INTENDED', 'UNKNOWN') AND s.updated_at <= $1
-                       AND r.status IN ({})
-                     ORDER BY s.run_id, s.step_idx",
-            placeholders(2, statuses.len())
-        );
-        Sql::<D>::bind_statuses(Sql::<D>::query(&sql).bind(before), statuses)
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(|row| {
-                Ok((
-                    parse_uuid("run_id", &Sql::<D>::text(row, "run_id")?)?,
-                    Sql::<D>::get(row, "step_idx")?,
-                ))
-            })
-            .collect()
-    }
-
-    async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>> {
-        if statuses.is_empty() {
-            return Ok(Vec::new());
-        }
-        // One query for every status: `status IN ($1, …, $n)`.
-        let sql = format!(
-            "SELECT * FROM runs WHERE status IN ({}) ORDER BY created_at, id",
-            placeholders(1, statuses.len())
-        );
-        Sql::<D>::bind_statuses(Sql::<D>::query(&sql), statuses)
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?
-            .iter()
-            .map(Sql::<D>::run_from)
-            .collect()
-    }
-
-    async fn move_run(
-        &self,
-        id: Uuid,
-        from: RunStatus,
-        to: RunStatus,
-        actor: &Actor,
-        detail: Option<&str>,
-    ) -> StoreResult<Run> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let run = Sql::<D>::apply_run_move(&mut tx, id, from, to, actor, detail).await?;
-        Sql::<D>::commit(tx).await?;
-        Ok(run)
-    }
-
-    async fn record_step(&self, new: NewStep, actor: &Actor) -> StoreResult<Step> {
-        self.record_step_alone(new, actor).await
-    }
-
-    async fn record_held_step(
-        &self,
-        new: NewStep,
-        approval: NewApproval,
-        actor: &Actor,
-    ) -> StoreResult<(Step, Approval)> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let step = Sql::<D>::insert_step(&mut tx, new, actor).await?;
-        let approval = Sql::<D>::insert_approval(&mut tx, approval, None, actor).await?;
-        Sql::<D>::commit(tx).await?;
-        Ok((step, approval))
-    }
-
-    async fn settle_step(
-        &self,
-        run_id: Uuid,
-        step_idx: i64,
-        outcome: Outcome,
-        durability: Durability,
-        actor: &Actor,
-    ) -> StoreResult<Step> {
-        check_step_transition(Lifecycle::Step, outcome.from, outcome.to)?;
-        if approves_individually(&outcome) {
-            // A held step released by a person also marks the step
-            // and counts it against the run: the general path.
-            let mut conn = self.write(durability).await?;
-            let mut tx = conn.begin().await.map_err(db)?;
-            Self::lazy_commit(&mut tx, durability).await?;
-            let step = Sql::<D>::settle_step_in(&mut tx, run_id, step_idx, outcome, actor).await?;
-            Sql::<D>::commit(tx).await?;
-            return Ok(step);
-        }
-        self.settle_step_alone(run_id, step_idx, outcome, durability, actor)
-            .await
-    }
-
-    async fn step(&self, run_id: Uuid, step_idx: i64) -> StoreResult<Option<Step>> {
-        let query = Sql::<D>::query("SELECT * FROM saga_log WHERE run_id = $1 AND step_idx = $2")
-            .bind(run_id.to_string())
-            .bind(step_idx);
-        Sql::<D>::one(&mut *self.read_conn().await?, query, Sql::<D>::step_from).await
-    }
-
-    async fn steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
-        let query = Sql::<D>::query("SELECT * FROM saga_log WHERE run_id = $1 ORDER BY step_idx")
-            .bind(run_id.to_string());
-        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::step_from).await
-    }
-
-    async fn unsettled_steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
-        // The same condition as the partial index saga_log_open_by_run
-        // (migration 0002), word for word, so both backends use it.
-        Sql::<D>::query(concat!(
-            "SELECT * FROM saga_log WHERE run_id = $1 AND status IN ",
-            crate::store::sql::unsettled_sql!(),
-            " ORDER BY step_idx"
-        ))
-        .bind(run_id.to_string())
-        .fetch_all(&mut *self.read_conn().await?)
-        .await
-        .map_err(db)?
-        .iter()
-        .map(Sql::<D>::step_from)
-        .collect()
-    }
-
-    async fn step_by_key(&self, idempotency_key: &str) -> StoreResult<Option<Step>> {
-        let query = Sql::<D>::query("SELECT * FROM saga_log WHERE idempotency_key = $1")
-            .bind(idempotency_key);
-        Sql::<D>::one(&mut *self.read_conn().await?, query, Sql::<D>::step_from).await
-    }
-
-    async fn set_owed_to_agent(&self, run_id: Uuid, step_idx: i64, owed: bool) -> StoreResult<()> {
-        // Lazy: a lost flag is rebuilt by the agent's next re-send,
-        // and any later durable commit carries it to disk (§9).
-        let mut conn = self.write(Durability::Lazy).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        Self::lazy_commit(&mut tx, Durability::Lazy).await?;
-        let changed = Sql::<D>::query(
-            "UPDATE saga_log SET owed_to_agent = $1 WHERE run_id = $2 AND step_idx = $3",
-        )
-        .bind(owed)
-        .bind(run_id.to_string())
-        .bind(step_idx)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?
-        .rows_affected();
-        if changed == 0 {
-            return Err(StoreError::NotFound {
-                what: format!("step {step_idx} of run {run_id}"),
-            });
-        }
-        Sql::<D>::commit(tx).await
-    }
-
-    async fn note(&self, run_id: Uuid, actor: &Actor, detail: &str) -> StoreResult<()> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        Sql::<D>::append_event(
-            &mut tx,
-            EventLine {
-                run_id: Some(run_id),
-                entity: "run",
-                entity_id: None,
-                actor,
-                from: None,
-                to: None,
-                detail: Some(detail.to_owned()),
-                at: Utc::now(),
-            },
-        )
-        .await?;
-        Sql::<D>::commit(tx).await
-    }
-
-    async fn record_compensation(
-        &self,
-        new: NewCompensation,
-        actor: &Actor,
-    ) -> StoreResult<Compensation> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let step_status =
-            Sql::<D>::query("SELECT status FROM saga_log WHERE run_id = $1 AND step_idx = $2")
-                .bind(new.run_id.to_string())
-                .bind(new.step_idx)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(db)?
-                .ok_or_else(|| StoreError::NotFound {
-                    what: format!("step {} of run {}", new.step_idx, new.run_id),
-                })?;
-        let step_status: StepStatus = Sql::<D>::parsed(&step_status, "status")?;
-        if step_status != StepStatus::Confirmed {
-            return Err(StoreError::Invalid(format!(
-                "step {} is {step_status}: only a confirmed step is compensated",
-                new.step_idx
-            )));
-        }
-        let now = Utc::now();
-        let row = Sql::<D>::query(
-                    "INSERT INTO compensations (run_id, step_idx, tool, idempotency_key, args, status, created_at, updated_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
-                     RETURNING *",
-                )
-                .bind(new.run_id.to_string())
-                .bind(new.step_idx)
-                .bind(&new.tool)
-                .bind(&new.idempotency_key)
-                .bind(Json(&new.args))
-                .bind(StepStatus::Intended.as_str())
-                .bind(now)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| db_error(e, || format!("compensation of step {}", new.step_idx)))?;
-        Sql::<D>::append_event(
-            &mut tx,
-            EventLine {
-                run_id: Some(new.run_id),
-                entity: "compensation",
-                entity_id: Some(new.step_idx),
-                actor,
-                from: None,
-                to: Some(StepStatus::Intended.as_str()),
-                detail: Some(format!("{} key={}", new.tool, new.idempotency_key)),
-                at: now,
-            },
-        )
-        .await?;
-        Sql::<D>::commit(tx).await?;
-        Sql::<D>::compensation_from(&row)
-    }
-
-    async fn settle_compensation(
-        &self,
-        run_id: Uuid,
-        step_idx: i64,
-        outcome: Outcome,
-        durability: Durability,
-        actor: &Actor,
-    ) -> StoreResult<Compensation> {
-        check_step_transition(Lifecycle::Compensation, outcome.from, outcome.to)?;
-        let mut conn = self.write(durability).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        Self::lazy_commit(&mut tx, durability).await?;
-        let now = Utc::now();
-        let row = Sql::<D>::outcome_row(
-            &mut tx,
-            Settled::Compensation,
-            &outcome,
-            now,
-            actor,
-            run_id,
-            step_idx,
-        )
-        .await?;
-        // A confirmed compensation settles its step as COMPENSATED in
-        // the same commit, so the two can never disagree.
-        if outcome.to == StepStatus::Confirmed {
-            check_step_transition(
-                Lifecycle::Step,
-                StepStatus::Confirmed,
-                StepStatus::Compensated,
-            )?;
-            let moved = Sql::<D>::query(
-                "UPDATE saga_log SET status = $1, updated_at = $2
-                         WHERE run_id = $3 AND step_idx = $4 AND status = $5",
-            )
-            .bind(StepStatus::Compensated.as_str())
-            .bind(now)
-            .bind(run_id.to_string())
-            .bind(step_idx)
-            .bind(StepStatus::Confirmed.as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?
-            .rows_affected();
-            if moved != 1 {
-                return Err(Sql::<D>::step_not_settled(
-                    &mut tx,
-                    run_id,
-                    step_idx,
-                    StepStatus::Confirmed,
-                )
-                .await);
+                .rows_affected();
+                Sql::<Self>::commit(tx).await?;
+                Ok(inserted == 1)
             }
-            Sql::<D>::append_event(
-                &mut tx,
-                EventLine {
-                    run_id: Some(run_id),
-                    entity: "step",
-                    entity_id: Some(step_idx),
-                    actor,
-                    from: Some(StepStatus::Confirmed.as_str()),
-                    to: Some(StepStatus::Compensated.as_str()),
-                    detail: None,
-                    at: now,
-                },
-            )
-            .await?;
-        }
-        Sql::<D>::commit(tx).await?;
-        Sql::<D>::compensation_from(&row)
-    }
 
-    async fn compensations(&self, run_id: Uuid) -> StoreResult<Vec<Compensation>> {
-        let query = Sql::<D>::query(
-            "SELECT * FROM compensations WHERE run_id = $1 ORDER BY created_at, step_idx",
-        )
-        .bind(run_id.to_string());
-        Sql::<D>::all(
-            &mut *self.read_conn().await?,
-            query,
-            Sql::<D>::compensation_from,
-        )
-        .await
-    }
-
-    async fn request_approval(
-        &self,
-        new: NewApproval,
-        run_move: Option<(RunStatus, RunStatus)>,
-        actor: &Actor,
-    ) -> StoreResult<Approval> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let approval = Sql::<D>::insert_approval(&mut tx, new, run_move, actor).await?;
-        Sql::<D>::commit(tx).await?;
-        Ok(approval)
-    }
-
-    async fn edit_plan(&self, change: PlanChange, actor: &Actor) -> StoreResult<Approval> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let found = Sql::<D>::query(
-            "UPDATE approvals SET plan = $1, digest = $2, approvers_needed = $3,
-                         first_approver = NULL, first_approved_at = NULL
-                     WHERE id = $4 AND status = $5 AND digest = $6 RETURNING *",
-        )
-        .bind(Json(&change.plan))
-        .bind(&change.digest)
-        .bind(change.approvers_needed)
-        .bind(change.approval_id)
-        .bind(ApprovalStatus::Pending.as_str())
-        .bind(&change.digest_before)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db)?;
-        let Some(row) = found else {
-            let current = Sql::<D>::query("SELECT status FROM approvals WHERE id = $1")
-                .bind(change.approval_id)
-                .fetch_optional(&mut *tx)
+            async fn queue_correction(&self, new: NewCorrection, actor: &Actor) -> StoreResult<Correction> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let now = Utc::now();
+                let inserted = Sql::<Self>::query(
+                            "INSERT INTO corrections (run_id, step_idx, source, tool, audience, rank, template, recipients,
+                                message, status, idempotency_key, created_at, updated_at)
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $7, $9, $10, $11, $11)
+                             ON CONFLICT (run_id, step_idx, source) DO NOTHING",
+                        )
+                        .bind(new.run_id.to_string())
+                        .bind(new.step_idx)
+                        .bind(new.source.as_str())
+                        .bind(&new.tool)
+                        .bind(new.audience.as_str())
+                        .bind(new.audience.blast_radius())
+                        .bind(&new.template)
+                        .bind(Json(&new.recipients))
+                        .bind(CorrectionStatus::Pending.as_str())
+                        .bind(&new.idempotency_key)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| db_error(e, || format!("correction key {}", new.idempotency_key)))?
+                        .rows_affected()
+                            == 1;
+                let row = Sql::<Self>::query(
+                    "SELECT * FROM corrections WHERE run_id = $1 AND step_idx = $2 AND source = $3",
+                )
+                .bind(new.run_id.to_string())
+                .bind(new.step_idx)
+                .bind(new.source.as_str())
+                .fetch_one(&mut *tx)
                 .await
                 .map_err(db)?;
-            return Err(match current {
-                None => StoreError::NotFound {
-                    what: format!("approval {}", change.approval_id),
-                },
-                Some(row)
-                    if Sql::<D>::text(&row, "status")? == ApprovalStatus::Pending.as_str() =>
-                {
-                    StoreError::PlanChanged
-                }
-                Some(row) => StoreError::Invalid(format!(
-                    "approval {} is {}: only a waiting plan can be edited",
-                    change.approval_id,
-                    Sql::<D>::text(&row, "status")?.to_lowercase()
-                )),
-            });
-        };
-        let approval = Sql::<D>::approval_from(&row)?;
-        Sql::<D>::append_event(
-            &mut tx,
-            EventLine {
-                run_id: Some(approval.run_id),
-                entity: "approval",
-                entity_id: Some(approval.id),
-                actor,
-                from: Some(ApprovalStatus::Pending.as_str()),
-                to: Some(ApprovalStatus::Pending.as_str()),
-                detail: Some(change.detail),
-                at: Utc::now(),
-            },
-        )
-        .await?;
-        Sql::<D>::commit(tx).await?;
-        Ok(approval)
-    }
-
-    async fn decide_approval(&self, decision: Decision, actor: &Actor) -> StoreResult<Approval> {
-        check_approval_transition(ApprovalStatus::Pending, decision.to)?;
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let row = Sql::<D>::query(D::APPROVAL_FOR_UPDATE)
-            .bind(decision.approval_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db)?
-            .ok_or_else(|| StoreError::NotFound {
-                what: format!("approval {}", decision.approval_id),
-            })?;
-        let current = Sql::<D>::approval_from(&row)?;
-        if current.status == decision.to {
-            // A second click or a replay: already done.
-            return Ok(current);
-        }
-        if current.status == ApprovalStatus::Superseded {
-            // The approver looked at a plan that has since been replaced.
-            return Err(StoreError::PlanChanged);
-        }
-        check_approval_transition(current.status, decision.to)?;
-        if current.digest != decision.digest {
-            return Err(StoreError::PlanChanged);
-        }
-        let now = Utc::now();
-        if decision.to == ApprovalStatus::Approved && current.expires_at.is_some_and(|at| at <= now)
-        {
-            return Err(StoreError::Invalid(format!(
-                "approval {} passed its deadline before it was approved; nothing was sent",
-                current.id
-            )));
-        }
-        if decision.to == ApprovalStatus::Approved && current.approvers_needed > 1 {
-            let who = actor.to_string();
-            match &current.first_approver {
-                // The first of two: recorded; the approval still waits.
-                None => {
-                    let row = Sql::<D>::query(
-                                "UPDATE approvals SET first_approver = $1, first_approved_at = $2
-                                 WHERE id = $3 AND status = $4 AND first_approver IS NULL RETURNING *",
-                            )
-                            .bind(&who)
-                            .bind(now)
-                            .bind(decision.approval_id)
-                            .bind(ApprovalStatus::Pending.as_str())
-                            .fetch_one(&mut *tx)
-                            .await
-                            .map_err(db)?;
-                    Sql::<D>::append_event(
+                let correction = Sql::<Self>::correction_from(&row)?;
+                if inserted {
+                    Sql::<Self>::append_event(
                         &mut tx,
                         EventLine {
-                            run_id: Some(current.run_id),
-                            entity: "approval",
-                            entity_id: Some(current.id),
+                            run_id: Some(new.run_id),
+                            entity: "correction",
+                            entity_id: Some(correction.id),
                             actor,
-                            from: Some(ApprovalStatus::Pending.as_str()),
-                            to: Some(ApprovalStatus::Pending.as_str()),
+                            from: None,
+                            to: Some(CorrectionStatus::Pending.as_str()),
                             detail: Some(format!(
-                                "approved, 1 of {}: a second, different approver decides{}",
-                                current.approvers_needed,
-                                decision
-                                    .note
-                                    .as_deref()
-                                    .map(|n| format!(" ({n})"))
-                                    .unwrap_or_default()
+                                "{} audience, {} recipient(s)",
+                                new.audience,
+                                new.recipients.len()
                             )),
                             at: now,
                         },
                     )
                     .await?;
-                    Sql::<D>::commit(tx).await?;
-                    return Sql::<D>::approval_from(&row);
                 }
-                Some(first) if first == actor => {
-                    return Err(StoreError::Invalid(format!(
-                                "{} already approved this; the two-person rule needs a second, different approver",
-                                actor.name()
-                            )));
-                }
-                Some(_) => {}
+                Sql::<Self>::commit(tx).await?;
+                Ok(correction)
             }
-        }
-        let row = Sql::<D>::query(
-            "UPDATE approvals SET status = $1, decided_by = $2, decided_at = $3, note = $4
-                     WHERE id = $5 AND status = $6 RETURNING *",
-        )
-        .bind(decision.to.as_str())
-        .bind(actor.to_string())
-        .bind(now)
-        .bind(&decision.note)
-        .bind(decision.approval_id)
-        .bind(ApprovalStatus::Pending.as_str())
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db)?;
-        Sql::<D>::append_event(
-            &mut tx,
-            EventLine {
-                run_id: Some(current.run_id),
-                entity: "approval",
-                entity_id: Some(current.id),
-                actor,
-                from: Some(ApprovalStatus::Pending.as_str()),
-                to: Some(decision.to.as_str()),
-                detail: decision.note.clone(),
-                at: now,
-            },
-        )
-        .await?;
-        if let Some((from, to)) = decision.run_move {
-            Sql::<D>::apply_run_move(
-                &mut tx,
-                current.run_id,
-                from,
-                to,
-                actor,
-                Some("approval decided"),
-            )
-            .await?;
-        }
-        Sql::<D>::commit(tx).await?;
-        Sql::<D>::approval_from(&row)
-    }
 
-    async fn approval(&self, id: i64) -> StoreResult<Option<Approval>> {
-        let query = Sql::<D>::query("SELECT * FROM approvals WHERE id = $1").bind(id);
-        Sql::<D>::one(
-            &mut *self.read_conn().await?,
-            query,
-            Sql::<D>::approval_from,
-        )
-        .await
-    }
-
-    async fn approvals(&self, run_id: Uuid) -> StoreResult<Vec<Approval>> {
-        let query = Sql::<D>::query("SELECT * FROM approvals WHERE run_id = $1 ORDER BY id")
-            .bind(run_id.to_string());
-        Sql::<D>::all(
-            &mut *self.read_conn().await?,
-            query,
-            Sql::<D>::approval_from,
-        )
-        .await
-    }
-
-    async fn pending_approvals(&self) -> StoreResult<Vec<Approval>> {
-        let query =
-            Sql::<D>::query("SELECT * FROM approvals WHERE status = $1 ORDER BY created_at, id")
-                .bind(ApprovalStatus::Pending.as_str());
-        Sql::<D>::all(
-            &mut *self.read_conn().await?,
-            query,
-            Sql::<D>::approval_from,
-        )
-        .await
-    }
-
-    async fn approvals_without_notice(&self) -> StoreResult<Vec<Approval>> {
-        let query = Sql::<D>::query(
-            "SELECT a.* FROM approvals a
-                     WHERE a.status = $1
-                       AND NOT EXISTS (SELECT 1 FROM approval_notices n WHERE n.approval_id = a.id)
-                     ORDER BY a.created_at, a.id",
-        )
-        .bind(ApprovalStatus::Pending.as_str());
-        Sql::<D>::all(
-            &mut *self.read_conn().await?,
-            query,
-            Sql::<D>::approval_from,
-        )
-        .await
-    }
-
-    async fn record_notice(&self, new: NewNotice) -> StoreResult<Notice> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let now = Utc::now();
-        Sql::<D>::query(
-            "INSERT INTO approval_notices (approval_id, place, run_id, idempotency_key, channel,
-                        status, done, created_at, updated_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)
-                     ON CONFLICT (approval_id, place) DO NOTHING",
-        )
-        .bind(new.approval_id)
-        .bind(&new.place)
-        .bind(new.run_id.to_string())
-        .bind(&new.idempotency_key)
-        .bind(&new.channel)
-        .bind(NoticeStatus::Intended.as_str())
-        .bind(false)
-        .bind(now)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| db_error(e, || format!("notice key {}", new.idempotency_key)))?;
-        let row =
-            Sql::<D>::query("SELECT * FROM approval_notices WHERE approval_id = $1 AND place = $2")
-                .bind(new.approval_id)
-                .bind(&new.place)
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(db)?;
-        Sql::<D>::notice_from(&row)
-    }
-
-    async fn save_notice(&self, notice: &Notice) -> StoreResult<()> {
-        let mut conn = self.write(Durability::Durable).await?;
-        Sql::<D>::query(
-            "UPDATE approval_notices SET status = $1, message_ref = $2, shown = $3, done = $4,
-                        error = $5, updated_at = $6
-                     WHERE approval_id = $7 AND place = $8",
-        )
-        .bind(notice.status.as_str())
-        .bind(&notice.message_ref)
-        .bind(&notice.shown)
-        .bind(notice.done)
-        .bind(&notice.error)
-        .bind(Utc::now())
-        .bind(notice.approval_id)
-        .bind(&notice.place)
-        .execute(&mut *conn)
-        .await
-        .map_err(db)?;
-        Ok(())
-    }
-
-    async fn open_notices(&self) -> StoreResult<Vec<Notice>> {
-        let query = Sql::<D>::query(
-            "SELECT * FROM approval_notices WHERE done = $1 ORDER BY created_at, approval_id",
-        )
-        .bind(false);
-        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::notice_from).await
-    }
-
-    async fn notices(&self, approval_id: i64) -> StoreResult<Vec<Notice>> {
-        let query = Sql::<D>::query(
-            "SELECT * FROM approval_notices WHERE approval_id = $1 ORDER BY created_at",
-        )
-        .bind(approval_id);
-        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::notice_from).await
-    }
-
-    async fn first_sighting(
-        &self,
-        signature: &str,
-        now: chrono::DateTime<Utc>,
-        forget_before: chrono::DateTime<Utc>,
-    ) -> StoreResult<bool> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        Sql::<D>::query("DELETE FROM slack_requests WHERE seen_at < $1")
-            .bind(forget_before)
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
-        let inserted = Sql::<D>::query(
-            "INSERT INTO slack_requests (signature, seen_at) VALUES ($1, $2)
-                     ON CONFLICT (signature) DO NOTHING",
-        )
-        .bind(signature)
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?
-        .rows_affected();
-        Sql::<D>::commit(tx).await?;
-        Ok(inserted == 1)
-    }
-
-    async fn queue_correction(&self, new: NewCorrection, actor: &Actor) -> StoreResult<Correction> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let now = Utc::now();
-        let inserted = Sql::<D>::query(
-                    "INSERT INTO corrections (run_id, step_idx, source, tool, audience, rank, template, recipients,
-                        message, status, idempotency_key, created_at, updated_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $7, $9, $10, $11, $11)
-                     ON CONFLICT (run_id, step_idx, source) DO NOTHING",
+            async fn edit_correction(
+                &self,
+                id: i64,
+                message: &str,
+                actor: &Actor,
+            ) -> StoreResult<Correction> {
+                if message.trim().is_empty() {
+                    return Err(StoreError::Invalid(
+                        "a correction's message cannot be empty".into(),
+                    ));
+                }
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let now = Utc::now();
+                let found = Sql::<Self>::query(
+                            "UPDATE corrections SET message = $1, updated_at = $2 WHERE id = $3 AND status = $4 RETURNING *",
+                        )
+                        .bind(message)
+                        .bind(now)
+                        .bind(id)
+                        .bind(CorrectionStatus::Pending.as_str())
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                let Some(row) = found else {
+                    let status = Sql::<Self>::query("SELECT status FROM corrections WHERE id = $1")
+                        .bind(id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    return Err(match status {
+                        Some(row) => StoreError::Invalid(format!(
+                            "correction {id} is {}: only a pending correction's text can change",
+                            Sql::<Self>::text(&row, "status")?
+                        )),
+                        None => StoreError::NotFound {
+                            what: format!("correction {id}"),
+                        },
+                    });
+                };
+                let correction = Sql::<Self>::correction_from(&row)?;
+                Sql::<Self>::append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(correction.run_id),
+                        entity: "correction",
+                        entity_id: Some(id),
+                        actor,
+                        from: None,
+                        to: None,
+                        detail: Some("message edited".into()),
+                        at: now,
+                    },
                 )
-                .bind(new.run_id.to_string())
-                .bind(new.step_idx)
-                .bind(new.source.as_str())
-                .bind(&new.tool)
-                .bind(new.audience.as_str())
-                .bind(new.audience.blast_radius())
-                .bind(&new.template)
-                .bind(Json(&new.recipients))
-                .bind(CorrectionStatus::Pending.as_str())
-                .bind(&new.idempotency_key)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_error(e, || format!("correction key {}", new.idempotency_key)))?
-                .rows_affected()
-                    == 1;
-        let row = Sql::<D>::query(
-            "SELECT * FROM corrections WHERE run_id = $1 AND step_idx = $2 AND source = $3",
-        )
-        .bind(new.run_id.to_string())
-        .bind(new.step_idx)
-        .bind(new.source.as_str())
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db)?;
-        let correction = Sql::<D>::correction_from(&row)?;
-        if inserted {
-            Sql::<D>::append_event(
-                &mut tx,
-                EventLine {
-                    run_id: Some(new.run_id),
-                    entity: "correction",
-                    entity_id: Some(correction.id),
-                    actor,
-                    from: None,
-                    to: Some(CorrectionStatus::Pending.as_str()),
-                    detail: Some(format!(
-                        "{} audience, {} recipient(s)",
-                        new.audience,
-                        new.recipients.len()
-                    )),
-                    at: now,
-                },
-            )
-            .await?;
-        }
-        Sql::<D>::commit(tx).await?;
-        Ok(correction)
-    }
+                .await?;
+                Sql::<Self>::commit(tx).await?;
+                Ok(correction)
+            }
 
-    async fn edit_correction(
-        &self,
-        id: i64,
-        message: &str,
-        actor: &Actor,
-    ) -> StoreResult<Correction> {
-        if message.trim().is_empty() {
-            return Err(StoreError::Invalid(
-                "a correction's message cannot be empty".into(),
-            ));
-        }
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let now = Utc::now();
-        let found = Sql::<D>::query(
-                    "UPDATE corrections SET message = $1, updated_at = $2 WHERE id = $3 AND status = $4 RETURNING *",
+            async fn move_correction(
+                &self,
+                id: i64,
+                from: CorrectionStatus,
+                to: CorrectionStatus,
+                reason: Option<&str>,
+                actor: &Actor,
+            ) -> StoreResult<Correction> {
+                check_correction_transition(from, to)?;
+                if to == CorrectionStatus::Sent {
+                    return Err(StoreError::Invalid(
+                        "a correction becomes sent only when its send is confirmed".into(),
+                    ));
+                }
+                if to == CorrectionStatus::Dismissed && reason.is_none_or(|r| r.trim().is_empty()) {
+                    return Err(StoreError::Invalid(
+                        "dismissing a correction needs a reason".into(),
+                    ));
+                }
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let now = Utc::now();
+                let found = Sql::<Self>::query(
+                    "UPDATE corrections SET status = $1, decided_by = $2, decided_at = $3,
+                                dismiss_reason = COALESCE($4, dismiss_reason), updated_at = $3
+                             WHERE id = $5 AND status = $6 RETURNING *",
                 )
-                .bind(message)
+                .bind(to.as_str())
+                .bind(actor.to_string())
                 .bind(now)
+                .bind(reason)
                 .bind(id)
-                .bind(CorrectionStatus::Pending.as_str())
+                .bind(from.as_str())
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(db)?;
-        let Some(row) = found else {
-            let status = Sql::<D>::query("SELECT status FROM corrections WHERE id = $1")
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(db)?;
-            return Err(match status {
-                Some(row) => StoreError::Invalid(format!(
-                    "correction {id} is {}: only a pending correction's text can change",
-                    Sql::<D>::text(&row, "status")?
-                )),
-                None => StoreError::NotFound {
-                    what: format!("correction {id}"),
-                },
-            });
-        };
-        let correction = Sql::<D>::correction_from(&row)?;
-        Sql::<D>::append_event(
-            &mut tx,
-            EventLine {
-                run_id: Some(correction.run_id),
-                entity: "correction",
-                entity_id: Some(id),
-                actor,
-                from: None,
-                to: None,
-                detail: Some("message edited".into()),
-                at: now,
-            },
-        )
-        .await?;
-        Sql::<D>::commit(tx).await?;
-        Ok(correction)
-    }
-
-    async fn move_correction(
-        &self,
-        id: i64,
-        from: CorrectionStatus,
-        to: CorrectionStatus,
-        reason: Option<&str>,
-        actor: &Actor,
-    ) -> StoreResult<Correction> {
-        check_correction_transition(from, to)?;
-        if to == CorrectionStatus::Sent {
-            return Err(StoreError::Invalid(
-                "a correction becomes sent only when its send is confirmed".into(),
-            ));
-        }
-        if to == CorrectionStatus::Dismissed && reason.is_none_or(|r| r.trim().is_empty()) {
-            return Err(StoreError::Invalid(
-                "dismissing a correction needs a reason".into(),
-            ));
-        }
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let now = Utc::now();
-        let found = Sql::<D>::query(
-            "UPDATE corrections SET status = $1, decided_by = $2, decided_at = $3,
-                        dismiss_reason = COALESCE($4, dismiss_reason), updated_at = $3
-                     WHERE id = $5 AND status = $6 RETURNING *",
-        )
-        .bind(to.as_str())
-        .bind(actor.to_string())
-        .bind(now)
-        .bind(reason)
-        .bind(id)
-        .bind(from.as_str())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db)?;
-        let Some(row) = found else {
-            let status = Sql::<D>::query("SELECT status FROM corrections WHERE id = $1")
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(db)?;
-            return Err(match status {
-                Some(row) => StoreError::Stale {
-                    what: format!("correction {id}"),
-                    expected: from.as_str().into(),
-                    actual: Sql::<D>::text(&row, "status")?,
-                },
-                None => StoreError::NotFound {
-                    what: format!("correction {id}"),
-                },
-            });
-        };
-        let correction = Sql::<D>::correction_from(&row)?;
-        Sql::<D>::append_event(
-            &mut tx,
-            EventLine {
-                run_id: Some(correction.run_id),
-                entity: "correction",
-                entity_id: Some(id),
-                actor,
-                from: Some(from.as_str()),
-                to: Some(to.as_str()),
-                detail: reason.map(str::to_owned),
-                at: now,
-            },
-        )
-        .await?;
-        Sql::<D>::commit(tx).await?;
-        Ok(correction)
-    }
-
-    async fn settle_correction_send(
-        &self,
-        id: i64,
-        outcome: Outcome,
-        durability: Durability,
-        actor: &Actor,
-    ) -> StoreResult<Correction> {
-        check_step_transition(Lifecycle::Compensation, outcome.from, outcome.to)?;
-        let confirmed = outcome.to == StepStatus::Confirmed;
-        if confirmed {
-            check_correction_transition(CorrectionStatus::Approved, CorrectionStatus::Sent)?;
-        }
-        let mut conn = self.write(durability).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        Self::lazy_commit(&mut tx, durability).await?;
-        let now = Utc::now();
-        // A send that was never attempted is, as far as the outside
-        // world is concerned, NOT_EXECUTED.
-        let found = Sql::<D>::query(
-                    "UPDATE corrections SET send_status = $1, external_ref = COALESCE($2, external_ref),
-                        status = CASE WHEN $3 THEN 'sent' ELSE status END, updated_at = $4
-                     WHERE id = $5 AND status = 'approved' AND COALESCE(send_status, 'NOT_EXECUTED') = $6
-                     RETURNING *",
+                let Some(row) = found else {
+                    let status = Sql::<Self>::query("SELECT status FROM corrections WHERE id = $1")
+                        .bind(id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    return Err(match status {
+                        Some(row) => StoreError::Stale {
+                            what: format!("correction {id}"),
+                            expected: from.as_str().into(),
+                            actual: Sql::<Self>::text(&row, "status")?,
+                        },
+                        None => StoreError::NotFound {
+                            what: format!("correction {id}"),
+                        },
+                    });
+                };
+                let correction = Sql::<Self>::correction_from(&row)?;
+                Sql::<Self>::append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(correction.run_id),
+                        entity: "correction",
+                        entity_id: Some(id),
+                        actor,
+                        from: Some(from.as_str()),
+                        to: Some(to.as_str()),
+                        detail: reason.map(str::to_owned),
+                        at: now,
+                    },
                 )
-                .bind(outcome.to.as_str())
-                .bind(&outcome.external_ref)
-                .bind(confirmed)
-                .bind(now)
-                .bind(id)
-                .bind(outcome.from.as_str())
-                .fetch_optional(&mut *tx)
+                .await?;
+                Sql::<Self>::commit(tx).await?;
+                Ok(correction)
+            }
+
+            async fn settle_correction_send(
+                &self,
+                id: i64,
+                outcome: Outcome,
+                durability: Durability,
+                actor: &Actor,
+            ) -> StoreResult<Correction> {
+                check_step_transition(Lifecycle::Compensation, outcome.from, outcome.to)?;
+                let confirmed = outcome.to == StepStatus::Confirmed;
+                if confirmed {
+                    check_correction_transition(CorrectionStatus::Approved, CorrectionStatus::Sent)?;
+                }
+                let mut conn = self.write(durability).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                Self::lazy_commit(&mut tx, durability).await?;
+                let now = Utc::now();
+                // A send that was never attempted is, as far as the outside
+                // world is concerned, NOT_EXECUTED.
+                let found = Sql::<Self>::query(
+                            "UPDATE corrections SET send_status = $1, external_ref = COALESCE($2, external_ref),
+                                status = CASE WHEN $3 THEN 'sent' ELSE status END, updated_at = $4
+                             WHERE id = $5 AND status = 'approved' AND COALESCE(send_status, 'NOT_EXECUTED') = $6
+                             RETURNING *",
+                        )
+                        .bind(outcome.to.as_str())
+                        .bind(&outcome.external_ref)
+                        .bind(confirmed)
+                        .bind(now)
+                        .bind(id)
+                        .bind(outcome.from.as_str())
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                let Some(row) = found else {
+                    let current =
+                        Sql::<Self>::query("SELECT status, send_status FROM corrections WHERE id = $1")
+                            .bind(id)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .map_err(db)?;
+                    return Err(match current {
+                        Some(row) => StoreError::Stale {
+                            what: format!("send of correction {id}"),
+                            expected: format!("approved, send {}", outcome.from),
+                            actual: format!(
+                                "{}, send {}",
+                                Sql::<Self>::text(&row, "status")?,
+                                Sql::<Self>::opt_text(&row, "send_status")?
+                                    .unwrap_or_else(|| "not attempted".into())
+                            ),
+                        },
+                        None => StoreError::NotFound {
+                            what: format!("correction {id}"),
+                        },
+                    });
+                };
+                let correction = Sql::<Self>::correction_from(&row)?;
+                Sql::<Self>::append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: Some(correction.run_id),
+                        entity: "correction",
+                        entity_id: Some(id),
+                        actor,
+                        from: Some(outcome.from.as_str()),
+                        to: Some(outcome.to.as_str()),
+                        detail: Some(format!("send {}", outcome.to)),
+                        at: now,
+                    },
+                )
+                .await?;
+                Sql::<Self>::commit(tx).await?;
+                Ok(correction)
+            }
+
+            async fn correction(&self, id: i64) -> StoreResult<Option<Correction>> {
+                let query = Sql::<Self>::query("SELECT * FROM corrections WHERE id = $1").bind(id);
+                Sql::<Self>::one(
+                    &mut *self.read_conn().await?,
+                    query,
+                    Sql::<Self>::correction_from,
+                )
+                .await
+            }
+
+            async fn corrections(&self, run_id: Uuid) -> StoreResult<Vec<Correction>> {
+                let query =
+                    Sql::<Self>::query("SELECT * FROM corrections WHERE run_id = $1 ORDER BY rank DESC, id")
+                        .bind(run_id.to_string());
+                Sql::<Self>::all(
+                    &mut *self.read_conn().await?,
+                    query,
+                    Sql::<Self>::correction_from,
+                )
+                .await
+            }
+
+            async fn correction_queue(&self) -> StoreResult<Vec<Correction>> {
+                let query = Sql::<Self>::query(
+                    "SELECT * FROM corrections WHERE status IN ('pending', 'approved')
+                             ORDER BY rank DESC, created_at, id",
+                );
+                Sql::<Self>::all(
+                    &mut *self.read_conn().await?,
+                    query,
+                    Sql::<Self>::correction_from,
+                )
+                .await
+            }
+
+            async fn correction_inbox(&self) -> StoreResult<Vec<QueuedCorrection>> {
+                let rows = Sql::<Self>::query(
+                    "SELECT c.*, COALESCE(r.label, r.purpose) AS run_title,
+                                 s.tool AS original_tool, s.args AS original_args,
+                                 s.external_ref AS original_ref
+                             FROM corrections c
+                             JOIN runs r ON r.id = c.run_id
+                             LEFT JOIN saga_log s ON s.run_id = c.run_id AND s.step_idx = c.step_idx
+                             WHERE c.status IN ('pending', 'approved')
+                             ORDER BY c.rank DESC, c.created_at, c.id",
+                )
+                .fetch_all(&mut *self.read_conn().await?)
                 .await
                 .map_err(db)?;
-        let Some(row) = found else {
-            let current =
-                Sql::<D>::query("SELECT status, send_status FROM corrections WHERE id = $1")
-                    .bind(id)
-                    .fetch_optional(&mut *tx)
+                rows.iter()
+                    .map(|row| {
+                        let original = match Sql::<Self>::opt_text(row, "original_tool")? {
+                            Some(tool) => Some(OriginalEffect {
+                                tool,
+                                args: Sql::<Self>::json(row, "original_args")?,
+                                external_ref: Sql::<Self>::opt_text(row, "original_ref")?,
+                            }),
+                            None => None,
+                        };
+                        Ok(QueuedCorrection {
+                            correction: Sql::<Self>::correction_from(row)?,
+                            run_title: Sql::<Self>::text(row, "run_title")?,
+                            original,
+                        })
+                    })
+                    .collect()
+            }
+
+            async fn events(&self, run_id: Option<Uuid>, limit: i64) -> StoreResult<Vec<Event>> {
+                let rows = match run_id {
+                    Some(id) => {
+                        Sql::<Self>::query("SELECT * FROM events WHERE run_id = $1 ORDER BY id LIMIT $2")
+                            .bind(id.to_string())
+                            .bind(limit)
+                            .fetch_all(&mut *self.read_conn().await?)
+                            .await
+                    }
+                    None => {
+                        Sql::<Self>::query("SELECT * FROM events ORDER BY id LIMIT $1")
+                            .bind(limit)
+                            .fetch_all(&mut *self.read_conn().await?)
+                            .await
+                    }
+                }
+                .map_err(db)?;
+                rows.iter().map(Sql::<Self>::event_from).collect()
+            }
+
+            async fn events_after(
+                &self,
+                run_id: Uuid,
+                after_id: i64,
+                limit: i64,
+            ) -> StoreResult<Vec<Event>> {
+                let query = Sql::<Self>::query(
+                    "SELECT * FROM events WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+                )
+                .bind(run_id.to_string())
+                .bind(after_id)
+                .bind(limit);
+                Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::event_from).await
+            }
+
+            async fn recent_events(&self, limit: i64) -> StoreResult<Vec<Event>> {
+                let query = Sql::<Self>::query("SELECT * FROM events ORDER BY id DESC LIMIT $1").bind(limit);
+                Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::event_from).await
+            }
+
+            async fn audit_page(
+                &self,
+                people_only: bool,
+                before_id: Option<i64>,
+                limit: i64,
+            ) -> StoreResult<Vec<Event>> {
+                // Two texts, so the people-only one carries the partial
+                // index events_by_people's condition word for word.
+                let sql = if people_only {
+                    "SELECT * FROM events WHERE actor LIKE 'user:%' AND id < $1 ORDER BY id DESC LIMIT $2"
+                } else {
+                    "SELECT * FROM events WHERE id < $1 ORDER BY id DESC LIMIT $2"
+                };
+                let query = Sql::<Self>::query(sql)
+                    .bind(before_id.unwrap_or(i64::MAX))
+                    .bind(limit);
+                Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::event_from).await
+            }
+
+            async fn all_events_after(&self, after_id: i64, limit: i64) -> StoreResult<Vec<Event>> {
+                let query = Sql::<Self>::query("SELECT * FROM events WHERE id > $1 ORDER BY id LIMIT $2")
+                    .bind(after_id)
+                    .bind(limit);
+                Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::event_from).await
+            }
+
+            async fn add_user(&self, username: &str, password_hash: &str, role: Role) -> StoreResult<User> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let now = Utc::now();
+                let row = Sql::<Self>::query(
+                            "INSERT INTO users (username, password_hash, role, created_at) VALUES ($1, $2, $3, $4) RETURNING *",
+                        )
+                        .bind(username)
+                        .bind(password_hash)
+                        .bind(role.as_str())
+                        .bind(now)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(|e| db_error(e, || format!("user {username}")))?;
+                let user = Sql::<Self>::user_from(&row)?;
+                Sql::<Self>::user_event(
+                    &mut tx,
+                    &user,
+                    None,
+                    Some(role.as_str()),
+                    format!("user {username} added"),
+                    now,
+                )
+                .await?;
+                Sql::<Self>::commit(tx).await?;
+                Ok(user)
+            }
+
+            async fn credentials(&self, username: &str) -> StoreResult<Option<Credentials>> {
+                let row = Sql::<Self>::query("SELECT * FROM users WHERE lower(username) = lower($1)")
+                    .bind(username)
+                    .fetch_optional(&mut *self.read_conn().await?)
                     .await
                     .map_err(db)?;
-            return Err(match current {
-                Some(row) => StoreError::Stale {
-                    what: format!("send of correction {id}"),
-                    expected: format!("approved, send {}", outcome.from),
-                    actual: format!(
-                        "{}, send {}",
-                        Sql::<D>::text(&row, "status")?,
-                        Sql::<D>::opt_text(&row, "send_status")?
-                            .unwrap_or_else(|| "not attempted".into())
-                    ),
-                },
-                None => StoreError::NotFound {
-                    what: format!("correction {id}"),
-                },
-            });
-        };
-        let correction = Sql::<D>::correction_from(&row)?;
-        Sql::<D>::append_event(
-            &mut tx,
-            EventLine {
-                run_id: Some(correction.run_id),
-                entity: "correction",
-                entity_id: Some(id),
-                actor,
-                from: Some(outcome.from.as_str()),
-                to: Some(outcome.to.as_str()),
-                detail: Some(format!("send {}", outcome.to)),
-                at: now,
-            },
-        )
-        .await?;
-        Sql::<D>::commit(tx).await?;
-        Ok(correction)
-    }
-
-    async fn correction(&self, id: i64) -> StoreResult<Option<Correction>> {
-        let query = Sql::<D>::query("SELECT * FROM corrections WHERE id = $1").bind(id);
-        Sql::<D>::one(
-            &mut *self.read_conn().await?,
-            query,
-            Sql::<D>::correction_from,
-        )
-        .await
-    }
-
-    async fn corrections(&self, run_id: Uuid) -> StoreResult<Vec<Correction>> {
-        let query =
-            Sql::<D>::query("SELECT * FROM corrections WHERE run_id = $1 ORDER BY rank DESC, id")
-                .bind(run_id.to_string());
-        Sql::<D>::all(
-            &mut *self.read_conn().await?,
-            query,
-            Sql::<D>::correction_from,
-        )
-        .await
-    }
-
-    async fn correction_queue(&self) -> StoreResult<Vec<Correction>> {
-        let query = Sql::<D>::query(
-            "SELECT * FROM corrections WHERE status IN ('pending', 'approved')
-                     ORDER BY rank DESC, created_at, id",
-        );
-        Sql::<D>::all(
-            &mut *self.read_conn().await?,
-            query,
-            Sql::<D>::correction_from,
-        )
-        .await
-    }
-
-    async fn correction_inbox(&self) -> StoreResult<Vec<QueuedCorrection>> {
-        let rows = Sql::<D>::query(
-            "SELECT c.*, COALESCE(r.label, r.purpose) AS run_title,
-                         s.tool AS original_tool, s.args AS original_args,
-                         s.external_ref AS original_ref
-                     FROM corrections c
-                     JOIN runs r ON r.id = c.run_id
-                     LEFT JOIN saga_log s ON s.run_id = c.run_id AND s.step_idx = c.step_idx
-                     WHERE c.status IN ('pending', 'approved')
-                     ORDER BY c.rank DESC, c.created_at, c.id",
-        )
-        .fetch_all(&mut *self.read_conn().await?)
-        .await
-        .map_err(db)?;
-        rows.iter()
-            .map(|row| {
-                let original = match Sql::<D>::opt_text(row, "original_tool")? {
-                    Some(tool) => Some(OriginalEffect {
-                        tool,
-                        args: Sql::<D>::json(row, "original_args")?,
-                        external_ref: Sql::<D>::opt_text(row, "original_ref")?,
-                    }),
-                    None => None,
-                };
-                Ok(QueuedCorrection {
-                    correction: Sql::<D>::correction_from(row)?,
-                    run_title: Sql::<D>::text(row, "run_title")?,
-                    original,
+                row.map(|row| {
+                    Ok(Credentials {
+                        user: Sql::<Self>::user_from(&row)?,
+                        password_hash: Sql::<Self>::text(&row, "password_hash")?,
+                    })
                 })
-            })
-            .collect()
-    }
-
-    async fn events(&self, run_id: Option<Uuid>, limit: i64) -> StoreResult<Vec<Event>> {
-        let rows = match run_id {
-            Some(id) => {
-                Sql::<D>::query("SELECT * FROM events WHERE run_id = $1 ORDER BY id LIMIT $2")
-                    .bind(id.to_string())
-                    .bind(limit)
-                    .fetch_all(&mut *self.read_conn().await?)
-                    .await
+                .transpose()
             }
-            None => {
-                Sql::<D>::query("SELECT * FROM events ORDER BY id LIMIT $1")
-                    .bind(limit)
-                    .fetch_all(&mut *self.read_conn().await?)
-                    .await
-            }
-        }
-        .map_err(db)?;
-        rows.iter().map(Sql::<D>::event_from).collect()
-    }
 
-    async fn events_after(
-        &self,
-        run_id: Uuid,
-        after_id: i64,
-        limit: i64,
-    ) -> StoreResult<Vec<Event>> {
-        let query = Sql::<D>::query(
-            "SELECT * FROM events WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3",
-        )
-        .bind(run_id.to_string())
-        .bind(after_id)
-        .bind(limit);
-        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::event_from).await
-    }
-
-    async fn recent_events(&self, limit: i64) -> StoreResult<Vec<Event>> {
-        let query = Sql::<D>::query("SELECT * FROM events ORDER BY id DESC LIMIT $1").bind(limit);
-        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::event_from).await
-    }
-
-    async fn audit_page(
-        &self,
-        people_only: bool,
-        before_id: Option<i64>,
-        limit: i64,
-    ) -> StoreResult<Vec<Event>> {
-        // Two texts, so the people-only one carries the partial
-        // index events_by_people's condition word for word.
-        let sql = if people_only {
-            "SELECT * FROM events WHERE actor LIKE 'user:%' AND id < $1 ORDER BY id DESC LIMIT $2"
-        } else {
-            "SELECT * FROM events WHERE id < $1 ORDER BY id DESC LIMIT $2"
-        };
-        let query = Sql::<D>::query(sql)
-            .bind(before_id.unwrap_or(i64::MAX))
-            .bind(limit);
-        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::event_from).await
-    }
-
-    async fn all_events_after(&self, after_id: i64, limit: i64) -> StoreResult<Vec<Event>> {
-        let query = Sql::<D>::query("SELECT * FROM events WHERE id > $1 ORDER BY id LIMIT $2")
-            .bind(after_id)
-            .bind(limit);
-        Sql::<D>::all(&mut *self.read_conn().await?, query, Sql::<D>::event_from).await
-    }
-
-    async fn add_user(&self, username: &str, password_hash: &str, role: Role) -> StoreResult<User> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let now = Utc::now();
-        let row = Sql::<D>::query(
-                    "INSERT INTO users (username, password_hash, role, created_at) VALUES ($1, $2, $3, $4) RETURNING *",
+            async fn remove_user(&self, username: &str) -> StoreResult<User> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let row =
+                    Sql::<Self>::query("DELETE FROM users WHERE lower(username) = lower($1) RETURNING *")
+                        .bind(username)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?
+                        .ok_or_else(|| StoreError::NotFound {
+                            what: format!("user {username}"),
+                        })?;
+                let user = Sql::<Self>::user_from(&row)?;
+                Sql::<Self>::user_event(
+                    &mut tx,
+                    &user,
+                    Some(user.role.as_str()),
+                    None,
+                    format!("user {} removed", user.username),
+                    Utc::now(),
                 )
-                .bind(username)
-                .bind(password_hash)
-                .bind(role.as_str())
+                .await?;
+                Sql::<Self>::commit(tx).await?;
+                Ok(user)
+            }
+
+            async fn set_role(&self, username: &str, role: Role) -> StoreResult<User> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let before = Sql::<Self>::query("SELECT * FROM users WHERE lower(username) = lower($1)")
+                    .bind(username)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .ok_or_else(|| StoreError::NotFound {
+                        what: format!("user {username}"),
+                    })?;
+                let before = Sql::<Self>::user_from(&before)?;
+                let row = Sql::<Self>::query("UPDATE users SET role = $1 WHERE id = $2 RETURNING *")
+                    .bind(role.as_str())
+                    .bind(before.id)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                let user = Sql::<Self>::user_from(&row)?;
+                Sql::<Self>::user_event(
+                    &mut tx,
+                    &user,
+                    Some(before.role.as_str()),
+                    Some(role.as_str()),
+                    format!("role of {} changed", user.username),
+                    Utc::now(),
+                )
+                .await?;
+                Sql::<Self>::commit(tx).await?;
+                Ok(user)
+            }
+
+            async fn revoke_tokens(&self, agent: &str) -> StoreResult<u64> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let now = Utc::now();
+                let revoked = Sql::<Self>::query(
+                    "UPDATE api_tokens SET revoked_at = $1 WHERE agent = $2 AND revoked_at IS NULL",
+                )
                 .bind(now)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| db_error(e, || format!("user {username}")))?;
-        let user = Sql::<D>::user_from(&row)?;
-        Sql::<D>::user_event(
-            &mut tx,
-            &user,
-            None,
-            Some(role.as_str()),
-            format!("user {username} added"),
-            now,
-        )
-        .await?;
-        Sql::<D>::commit(tx).await?;
-        Ok(user)
-    }
-
-    async fn credentials(&self, username: &str) -> StoreResult<Option<Credentials>> {
-        let row = Sql::<D>::query("SELECT * FROM users WHERE lower(username) = lower($1)")
-            .bind(username)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db)?;
-        row.map(|row| {
-            Ok(Credentials {
-                user: Sql::<D>::user_from(&row)?,
-                password_hash: Sql::<D>::text(&row, "password_hash")?,
-            })
-        })
-        .transpose()
-    }
-
-    async fn remove_user(&self, username: &str) -> StoreResult<User> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let row =
-            Sql::<D>::query("DELETE FROM users WHERE lower(username) = lower($1) RETURNING *")
-                .bind(username)
-                .fetch_optional(&mut *tx)
+                .bind(agent)
+                .execute(&mut *tx)
                 .await
                 .map_err(db)?
-                .ok_or_else(|| StoreError::NotFound {
-                    what: format!("user {username}"),
-                })?;
-        let user = Sql::<D>::user_from(&row)?;
-        Sql::<D>::user_event(
-            &mut tx,
-            &user,
-            Some(user.role.as_str()),
-            None,
-            format!("user {} removed", user.username),
-            Utc::now(),
-        )
-        .await?;
-        Sql::<D>::commit(tx).await?;
-        Ok(user)
-    }
-
-    async fn set_role(&self, username: &str, role: Role) -> StoreResult<User> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let before = Sql::<D>::query("SELECT * FROM users WHERE lower(username) = lower($1)")
-            .bind(username)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db)?
-            .ok_or_else(|| StoreError::NotFound {
-                what: format!("user {username}"),
-            })?;
-        let before = Sql::<D>::user_from(&before)?;
-        let row = Sql::<D>::query("UPDATE users SET role = $1 WHERE id = $2 RETURNING *")
-            .bind(role.as_str())
-            .bind(before.id)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db)?;
-        let user = Sql::<D>::user_from(&row)?;
-        Sql::<D>::user_event(
-            &mut tx,
-            &user,
-            Some(before.role.as_str()),
-            Some(role.as_str()),
-            format!("role of {} changed", user.username),
-            Utc::now(),
-        )
-        .await?;
-        Sql::<D>::commit(tx).await?;
-        Ok(user)
-    }
-
-    async fn revoke_tokens(&self, agent: &str) -> StoreResult<u64> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let now = Utc::now();
-        let revoked = Sql::<D>::query(
-            "UPDATE api_tokens SET revoked_at = $1 WHERE agent = $2 AND revoked_at IS NULL",
-        )
-        .bind(now)
-        .bind(agent)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?
-        .rows_affected();
-        Sql::<D>::append_event(
-            &mut tx,
-            EventLine {
-                run_id: None,
-                entity: "token",
-                entity_id: None,
-                actor: &Actor::System,
-                from: None,
-                to: Some("revoked"),
-                detail: Some(format!("{revoked} token(s) of agent {agent} revoked")),
-                at: now,
-            },
-        )
-        .await?;
-        Sql::<D>::commit(tx).await?;
-        Ok(revoked)
-    }
-
-    async fn add_api_token(
-        &self,
-        agent: &str,
-        token_hash: &str,
-        label: Option<&str>,
-    ) -> StoreResult<ApiToken> {
-        let mut conn = self.write(Durability::Durable).await?;
-        let mut tx = conn.begin().await.map_err(db)?;
-        let now = Utc::now();
-        let row = Sql::<D>::query(
-                    "INSERT INTO api_tokens (agent, token_hash, label, created_at) VALUES ($1, $2, $3, $4) RETURNING *",
+                .rows_affected();
+                Sql::<Self>::append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: None,
+                        entity: "token",
+                        entity_id: None,
+                        actor: &Actor::System,
+                        from: None,
+                        to: Some("revoked"),
+                        detail: Some(format!("{revoked} token(s) of agent {agent} revoked")),
+                        at: now,
+                    },
                 )
-                .bind(agent)
-                .bind(token_hash)
-                .bind(label)
-                .bind(now)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| db_error(e, || "api token".to_owned()))?;
-        let token = ApiToken {
-            id: Sql::<D>::get(&row, "id")?,
-            agent: Sql::<D>::text(&row, "agent")?,
-            label: Sql::<D>::opt_text(&row, "label")?,
-            created_at: Sql::<D>::get(&row, "created_at")?,
-        };
-        Sql::<D>::append_event(
-            &mut tx,
-            EventLine {
-                run_id: None,
-                entity: "token",
-                entity_id: Some(token.id),
-                actor: &Actor::System,
-                from: None,
-                to: None,
-                detail: Some(format!("token created for agent {agent}")),
-                at: now,
-            },
-        )
-        .await?;
-        Sql::<D>::commit(tx).await?;
-        Ok(token)
-    }
+                .await?;
+                Sql::<Self>::commit(tx).await?;
+                Ok(revoked)
+            }
 
-    async fn agent_for_token(&self, token_hash: &str) -> StoreResult<Option<String>> {
-        let row = Sql::<D>::query(
-            "SELECT agent FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL",
-        )
-        .bind(token_hash)
-        .fetch_optional(&mut *self.read_conn().await?)
-        .await
-        .map_err(db)?;
-        row.map(|row| Sql::<D>::text(&row, "agent")).transpose()
-    }
+            async fn add_api_token(
+                &self,
+                agent: &str,
+                token_hash: &str,
+                label: Option<&str>,
+            ) -> StoreResult<ApiToken> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let now = Utc::now();
+                let row = Sql::<Self>::query(
+                            "INSERT INTO api_tokens (agent, token_hash, label, created_at) VALUES ($1, $2, $3, $4) RETURNING *",
+                        )
+                        .bind(agent)
+                        .bind(token_hash)
+                        .bind(label)
+                        .bind(now)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(|e| db_error(e, || "api token".to_owned()))?;
+                let token = ApiToken {
+                    id: Sql::<Self>::get(&row, "id")?,
+                    agent: Sql::<Self>::text(&row, "agent")?,
+                    label: Sql::<Self>::opt_text(&row, "label")?,
+                    created_at: Sql::<Self>::get(&row, "created_at")?,
+                };
+                Sql::<Self>::append_event(
+                    &mut tx,
+                    EventLine {
+                        run_id: None,
+                        entity: "token",
+                        entity_id: Some(token.id),
+                        actor: &Actor::System,
+                        from: None,
+                        to: None,
+                        detail: Some(format!("token created for agent {agent}")),
+                        at: now,
+                    },
+                )
+                .await?;
+                Sql::<Self>::commit(tx).await?;
+                Ok(token)
+            }
+
+            async fn agent_for_token(&self, token_hash: &str) -> StoreResult<Option<String>> {
+                let row = Sql::<Self>::query(
+                    "SELECT agent FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL",
+                )
+                .bind(token_hash)
+                .fetch_optional(&mut *self.read_conn().await?)
+                .await
+                .map_err(db)?;
+                row.map(|row| Sql::<Self>::text(&row, "agent")).transpose()
+            }
+        }
+    };
 }
+
+mod backends;
 
 #[cfg(test)]
 mod tests {

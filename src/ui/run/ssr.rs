@@ -84,7 +84,82 @@ pub async fn detail(
         waiting.insert(a.id, waiting_note(store.as_ref(), a).await?);
     }
 
-    let step_views = steps
+    let step_views = step_views(registry, &steps, &compensations, &events);
+    let pivot = pivot_view(registry, &run, &steps, &approvals, &waiting);
+    let held = approvals
+        .iter()
+        .filter(|a| a.kind == ApprovalKind::Step && a.status == ApprovalStatus::Pending)
+        .filter_map(|a| {
+            let step = steps.iter().find(|s| Some(s.step_idx) == a.step_idx)?;
+            Some(HeldView {
+                approval_id: a.id,
+                digest: a.digest.clone(),
+                step_idx: step.step_idx,
+                summary: a.summary.clone(),
+                words: registry.in_words(&step.tool, &step.args, step.compensation.as_ref()),
+                waiting: waiting.get(&a.id).cloned().flatten(),
+            })
+        })
+        .collect();
+
+    let questions = crate::saga::questions::open_questions(&run, &steps, &compensations)
+        .into_iter()
+        .map(|q| Question {
+            about_compensation: q.about_compensation,
+            may_resend: q.may_resend,
+            step_idx: q.step_idx,
+            tool: q.tool,
+            args: pretty(&q.args),
+            key: q.key,
+            why: q.why,
+            asked: q.asked.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+        })
+        .collect();
+
+    let correction_lines = corrections
+        .iter()
+        .map(|c| CorrectionLine {
+            id: c.id,
+            step_idx: c.step_idx,
+            audience: c.audience.as_str().to_owned(),
+            status: c.status,
+            recipients: c.recipients.join(", "),
+        })
+        .collect();
+
+    let unwind_plan = if crate::saga::questions::person_may_unwind(&run, &steps, &person) {
+        Some(unwind_plan(state, run_id).await?)
+    } else {
+        None
+    };
+
+    Ok(Some(RunSheet {
+        id: run.id.to_string(),
+        agent: run.agent.clone(),
+        label: run.label.clone(),
+        purpose: run.purpose.clone(),
+        status: run.status,
+        age: crate::ui::ssr::age(now - run.created_at),
+        irreversible_before_pivot: run.irreversible_before_pivot,
+        steps: step_views,
+        pivot,
+        held,
+        questions,
+        corrections: correction_lines,
+        unwind_plan,
+        may_decide,
+    }))
+}
+
+/// Each step as the page lists it, with its compensation and how it was
+/// settled.
+fn step_views(
+    registry: &crate::saga::registry::Registry,
+    steps: &[Step],
+    compensations: &[crate::saga::model::Compensation],
+    events: &[Event],
+) -> Vec<StepView> {
+    steps
         .iter()
         .map(|step| StepView {
             idx: step.step_idx,
@@ -98,7 +173,7 @@ pub async fn detail(
             external_ref: step.external_ref.clone(),
             error: step.error.clone(),
             refused: step.status == StepStatus::Failed,
-            reconciled: reconciled_by(&events, step),
+            reconciled: reconciled_by(events, step),
             compensation: compensations
                 .iter()
                 .find(|c| c.step_idx == step.step_idx)
@@ -109,10 +184,18 @@ pub async fn detail(
                     error: c.error.clone(),
                 }),
         })
-        .collect();
+        .collect()
+}
 
-    let pivot = run
-        .pivot_approval_id
+/// The run's pivot, as the person deciding it reads it.
+fn pivot_view(
+    registry: &crate::saga::registry::Registry,
+    run: &crate::saga::model::Run,
+    steps: &[Step],
+    approvals: &[crate::saga::model::Approval],
+    waiting: &std::collections::HashMap<i64, Option<String>>,
+) -> Option<PivotView> {
+    run.pivot_approval_id
         .and_then(|id| approvals.iter().find(|a| a.id == id))
         .map(|a| (a, crate::saga::model::PivotPlan::read(&a.plan).ok()))
         .map(|(a, plan)| PivotView {
@@ -159,107 +242,48 @@ pub async fn detail(
                     after: pretty(&edit.after),
                 })
                 .collect(),
-        });
+        })
+}
 
-    let held = approvals
-        .iter()
-        .filter(|a| a.kind == ApprovalKind::Step && a.status == ApprovalStatus::Pending)
-        .filter_map(|a| {
-            let step = steps.iter().find(|s| Some(s.step_idx) == a.step_idx)?;
-            Some(HeldView {
-                approval_id: a.id,
-                digest: a.digest.clone(),
-                step_idx: step.step_idx,
-                summary: a.summary.clone(),
-                words: registry.in_words(&step.tool, &step.args, step.compensation.as_ref()),
-                waiting: waiting.get(&a.id).cloned().flatten(),
+/// What an unwind would do now: each compensation and correction in words.
+async fn unwind_plan(state: &AppState, run_id: uuid::Uuid) -> Result<UnwindPlan, StoreError> {
+    let registry = &state.registry;
+    let preview = state
+        .engine
+        .unwind_preview(run_id)
+        .await
+        .map_err(|e| StoreError::Invalid(e.to_string()))?;
+    Ok(UnwindPlan {
+        compensations: preview
+            .compensations
+            .iter()
+            .map(|(step, way)| {
+                let done = registry.in_words(&step.tool, &step.args, Some(way));
+                format!(
+                    "Step {}, “{}”: {}",
+                    step.step_idx,
+                    done.sentence,
+                    done.if_undone.trim_start_matches("If undone: ")
+                )
             })
-        })
-        .collect();
-
-    let questions = crate::saga::questions::open_questions(&run, &steps, &compensations)
-        .into_iter()
-        .map(|q| Question {
-            about_compensation: q.about_compensation,
-            may_resend: q.may_resend,
-            step_idx: q.step_idx,
-            tool: q.tool,
-            args: pretty(&q.args),
-            key: q.key,
-            why: q.why,
-            asked: q.asked.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
-        })
-        .collect();
-
-    let correction_lines = corrections
-        .iter()
-        .map(|c| CorrectionLine {
-            id: c.id,
-            step_idx: c.step_idx,
-            audience: c.audience.as_str().to_owned(),
-            status: c.status,
-            recipients: c.recipients.join(", "),
-        })
-        .collect();
-
-    let unwindable = crate::saga::questions::person_may_unwind(&run, &steps, &person);
-    let unwind_plan = if unwindable {
-        let preview = state
-            .engine
-            .unwind_preview(run_id)
-            .await
-            .map_err(|e| StoreError::Invalid(e.to_string()))?;
-        Some(UnwindPlan {
-            compensations: preview
-                .compensations
-                .iter()
-                .map(|(step, way)| {
-                    let done = registry.in_words(&step.tool, &step.args, Some(way));
-                    format!(
-                        "Step {}, “{}”: {}",
-                        step.step_idx,
-                        done.sentence,
-                        done.if_undone.trim_start_matches("If undone: ")
-                    )
-                })
-                .collect(),
-            corrections: preview
-                .corrections
-                .iter()
-                .map(|(step, text, to)| {
-                    let to = if to.is_empty() {
-                        "nobody yet (add a recipient)".to_owned()
-                    } else {
-                        to.join(", ")
-                    };
-                    let done = registry.in_words(&step.tool, &step.args, None);
-                    format!(
-                        "Step {}, “{}”: to {to}: “{text}”",
-                        step.step_idx, done.sentence
-                    )
-                })
-                .collect(),
-        })
-    } else {
-        None
-    };
-
-    Ok(Some(RunSheet {
-        id: run.id.to_string(),
-        agent: run.agent.clone(),
-        label: run.label.clone(),
-        purpose: run.purpose.clone(),
-        status: run.status,
-        age: crate::ui::ssr::age(now - run.created_at),
-        irreversible_before_pivot: run.irreversible_before_pivot,
-        steps: step_views,
-        pivot,
-        held,
-        questions,
-        corrections: correction_lines,
-        unwind_plan,
-        may_decide,
-    }))
+            .collect(),
+        corrections: preview
+            .corrections
+            .iter()
+            .map(|(step, text, to)| {
+                let to = if to.is_empty() {
+                    "nobody yet (add a recipient)".to_owned()
+                } else {
+                    to.join(", ")
+                };
+                let done = registry.in_words(&step.tool, &step.args, None);
+                format!(
+                    "Step {}, “{}”: to {to}: “{text}”",
+                    step.step_idx, done.sentence
+                )
+            })
+            .collect(),
+    })
 }
 
 fn planned(
