@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the tests of faults outside the process (tests/process_level/operations.rs,
 # tests/process_level/two_processes.rs) and keeps what each measured in
-# benches/results/faults.json (committed: the README's table of faults is
+# benches/results/faults.json (committed: docs/operations.md's table of faults is
 # generated from it), then rewrites that table.
 #
 #   ./scripts/faults.sh                                        # CI's sizes

@@ -872,7 +872,7 @@ async fn events(
         let event = lines.next().await?;
         let sse = Event::default()
             .id(event.id.to_string())
-            .event(event.entity.clone())
+            .event(event.entity.as_str())
             .json_data(&event)
             .unwrap_or_else(|_| Event::default().comment("unserialisable event"));
         Some((Ok::<_, std::convert::Infallible>(sse), lines))

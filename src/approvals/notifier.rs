@@ -10,7 +10,7 @@ use crate::saga::connector::{classify, Classified, Connector, Lookup};
 use crate::saga::engine::{Engine, Refusal};
 use crate::saga::key::notice_key;
 use crate::saga::model::{
-    Actor, Approval, ApprovalKind, NewNotice, Notice, NoticeStatus, PivotPlan,
+    Actor, Approval, ApprovalKind, NewNotice, Notice, NoticePlace, NoticeStatus, PivotPlan,
 };
 use crate::saga::registry::Registry;
 use crate::saga::status::{ApprovalStatus, StepStatus};
@@ -20,10 +20,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const POST: &str = "slack.post";
-/// The first message of an approval.
-pub const PRIMARY: &str = "primary";
-/// The message to the escalation channel, once nobody decided in time.
-pub const ESCALATION: &str = "escalation";
 /// How often waiting and recently decided approvals are looked at.
 const EVERY: Duration = Duration::from_millis(500);
 /// After Slack could not be reached, how long before trying again.
@@ -61,8 +57,8 @@ impl Notifier {
                 .record_notice(NewNotice {
                     approval_id: approval.id,
                     run_id: approval.run_id,
-                    place: PRIMARY.to_owned(),
-                    idempotency_key: notice_key(approval.run_id, approval.id, PRIMARY),
+                    place: NoticePlace::Primary,
+                    idempotency_key: notice_key(approval.run_id, approval.id, NoticePlace::Primary),
                     channel: self.slack.channel.clone(),
                 })
                 .await?;
@@ -101,15 +97,19 @@ impl Notifier {
                 continue;
             }
             let notices = store.notices(approval.id).await?;
-            if notices.iter().any(|n| n.place == ESCALATION) {
+            if notices.iter().any(|n| n.place == NoticePlace::Escalation) {
                 continue;
             }
             store
                 .record_notice(NewNotice {
                     approval_id: approval.id,
                     run_id: approval.run_id,
-                    place: ESCALATION.to_owned(),
-                    idempotency_key: notice_key(approval.run_id, approval.id, ESCALATION),
+                    place: NoticePlace::Escalation,
+                    idempotency_key: notice_key(
+                        approval.run_id,
+                        approval.id,
+                        NoticePlace::Escalation,
+                    ),
                     channel: channel.clone(),
                 })
                 .await?;
@@ -255,7 +255,7 @@ impl Notifier {
             calls,
             outcome,
             run_url: self.slack.run_url(run.id),
-            escalated: notice.place == ESCALATION,
+            escalated: notice.place == NoticePlace::Escalation,
         })))
     }
 

@@ -113,7 +113,7 @@ pub async fn audit_trail(
             };
             let subject = match e.entity_id {
                 Some(id) => format!("{} {id}", e.entity),
-                None => e.entity.clone(),
+                None => e.entity.to_string(),
             };
             AuditLine {
                 at: e.at.format("%Y-%m-%d %H:%M:%S").to_string(),

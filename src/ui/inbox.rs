@@ -257,8 +257,10 @@ pub async fn send_correction(id: i64, message: String) -> Result<(), ServerFnErr
         .await;
     super::ssr::back_to(
         "/corrections",
-        done.map(|c| match c.send_status.map(|s| s.as_str()) {
-            Some("CONFIRMED") => format!("Correction #{id} sent to {}.", c.recipients.join(", ")),
+        done.map(|c| match c.send_status {
+            Some(crate::saga::status::StepStatus::Confirmed) => {
+                format!("Correction #{id} sent to {}.", c.recipients.join(", "))
+            }
             Some(other) => format!("Correction #{id} signed off; its send is {other}."),
             None => format!("Correction #{id} is {}.", c.status.as_str()),
         }),

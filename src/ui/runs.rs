@@ -194,7 +194,7 @@ pub mod ssr {
             .open_notices()
             .await?
             .into_iter()
-            .filter(|n| n.place == "escalation")
+            .filter(|n| n.place == crate::saga::model::NoticePlace::Escalation)
             .map(|n| n.approval_id)
             .collect();
         let mut waits: std::collections::HashMap<uuid::Uuid, Vec<String>> = Default::default();

@@ -298,7 +298,37 @@ macro_rules! on_both_backends {
 #[allow(unused_imports)]
 pub(crate) use on_both_backends;
 
-/// One row of the README's table of faults outside the process, written
+/// The words a person reads on a page: the text between its tags, with
+/// the markup, scripts and styles gone and runs of white space folded.
+pub fn visible_text(html: &str) -> String {
+    let mut text = String::with_capacity(html.len() / 2);
+    let mut rest = html;
+    while let Some(open) = rest.find('<') {
+        text.push_str(&rest[..open]);
+        text.push(' ');
+        let tag = &rest[open..];
+        let skip_to = ["<script", "<style"]
+            .iter()
+            .find(|name| tag.starts_with(**name))
+            .and_then(|name| tag.find(&format!("</{}>", &name[1..])));
+        let end = match skip_to {
+            Some(close) => close + tag[close..].find('>').unwrap_or(0),
+            None => tag.find('>').unwrap_or(tag.len() - 1),
+        };
+        rest = &tag[end + 1..];
+    }
+    text.push_str(rest);
+    let text = text
+        .replace("&amp;", "&")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#x27;", "'")
+        .replace("&#39;", "'");
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// One row of the table of faults outside the process (docs/operations.md), written
 /// as a JSON line to the file `SAGA_FAULT_REPORT` names (scripts/faults.sh
 /// sets it and gathers the lines into benches/results/faults.json). The
 /// figures in `result` are the ones the test measured.

@@ -697,7 +697,7 @@ async fn r7_not_found_twice_is_not_executed_and_the_retry_uses_the_key(s: Setup)
         .await
         .unwrap()
         .into_iter()
-        .filter(|e| e.entity == "step")
+        .filter(|e| e.entity.as_str() == "step")
         .map(|e| e.to_status.unwrap_or_default())
         .collect();
     assert_eq!(
@@ -1242,7 +1242,7 @@ async fn question_asked(s: &Setup, run_id: uuid::Uuid) -> String {
         .unwrap()
         .into_iter()
         .rev()
-        .find(|e| e.entity == "run" && e.to_status.as_deref() == Some("NEEDS_ATTENTION"))
+        .find(|e| e.entity.as_str() == "run" && e.to_status.as_deref() == Some("NEEDS_ATTENTION"))
         .and_then(|e| e.detail)
         .unwrap_or_default()
 }

@@ -335,7 +335,7 @@ async fn r3_steps_take_the_next_index_in_order(store: Store) {
     assert_eq!(third.step_idx, 2);
     let lines = store.events(Some(run.id), 100).await.unwrap();
     assert_eq!(
-        lines.iter().filter(|e| e.entity == "step").count(),
+        lines.iter().filter(|e| e.entity.as_str() == "step").count(),
         3,
         "one audit line per step written, none for the refused ones"
     );
@@ -1041,7 +1041,7 @@ async fn every_change_is_in_the_audit_trail(store: Store) {
         .iter()
         .map(|e| {
             (
-                e.entity.clone(),
+                e.entity.to_string(),
                 e.actor.to_string(),
                 e.from_status.clone(),
                 e.to_status.clone(),
@@ -1265,7 +1265,7 @@ async fn a_new_step_is_claimed_and_recorded_at_once_only_on_a_ready_run(store: S
     assert_eq!((logged.step_idx, logged.status), (0, StepStatus::Intended));
     assert_eq!(store.run(run.id).await.unwrap().unwrap().next_step, 1);
     let events = store.events(Some(run.id), 100).await.unwrap();
-    assert!(events.iter().any(|e| e.entity == "step"
+    assert!(events.iter().any(|e| e.entity.as_str() == "step"
         && e.entity_id == Some(0)
         && e.to_status.as_deref() == Some("INTENDED")));
     drop(claim);
@@ -1382,8 +1382,12 @@ async fn an_approvals_notice_is_written_once_and_kept_until_done(store: Store) {
     let new = NewNotice {
         approval_id: approval.id,
         run_id: run.id,
-        place: "primary".into(),
-        idempotency_key: notice_key(run.id, approval.id, "primary"),
+        place: saga_harness::saga::model::NoticePlace::Primary,
+        idempotency_key: notice_key(
+            run.id,
+            approval.id,
+            saga_harness::saga::model::NoticePlace::Primary,
+        ),
         channel: "#support".into(),
     };
     let written = store.record_notice(new.clone()).await.unwrap();
@@ -1519,7 +1523,7 @@ async fn an_edit_replaces_a_waiting_plan_only_if_it_is_the_one_edited(store: Sto
         "{old_button:?}"
     );
     let events = store.events(Some(run.id), 50).await.unwrap();
-    assert!(events.iter().any(|e| e.entity == "approval"
+    assert!(events.iter().any(|e| e.entity.as_str() == "approval"
         && e.actor == Actor::User("dana".into())
         && e.detail.as_deref() == Some("amount 900 -> 90")));
     let decided = store.decide_approval(approve("d2"), &lead()).await.unwrap();
@@ -1883,7 +1887,7 @@ async fn step_writes_share_one_statement(
             .await
             .unwrap()
             .into_iter()
-            .filter(|e| e.entity == "step")
+            .filter(|e| e.entity.as_str() == "step")
             .map(|e| (e.from_status, e.to_status))
             .collect();
         assert_eq!(lines.len(), 2, "run {i}: {lines:?}");
@@ -1948,7 +1952,7 @@ async fn postgres_a_refused_step_write_in_a_group_refuses_only_itself() {
             .await
             .unwrap()
             .iter()
-            .filter(|e| e.entity == "step")
+            .filter(|e| e.entity.as_str() == "step")
             .count();
         match i {
             3 => {
@@ -2188,7 +2192,7 @@ async fn sqlite_r2_step_writes_of_many_runs_share_a_commit_and_stay_apart() {
     for (i, (run, result)) in runs.iter().zip(&results).enumerate() {
         let next_step = store.run(run.id).await.unwrap().unwrap().next_step;
         let lines = store.events(Some(run.id), 100).await.unwrap();
-        let step_lines = lines.iter().filter(|e| e.entity == "step").count();
+        let step_lines = lines.iter().filter(|e| e.entity.as_str() == "step").count();
         match i {
             3 => {
                 assert!(

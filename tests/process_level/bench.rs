@@ -168,7 +168,7 @@ fn the_readme_benchmark_tables_are_generated_from_one_committed_run() {
     }
 }
 
-/// The README's table of faults outside the process: one row per fault
+/// The table of faults outside the process (docs/operations.md): one row per fault
 /// test, from what the test measured in its last committed run.
 fn faults_table(rows: &Value) -> String {
     let mut table = String::from(
@@ -189,14 +189,17 @@ fn faults_table(rows: &Value) -> String {
     table
 }
 
-/// The README's table of faults is the committed output of the fault tests,
+/// docs/operations.md's table of faults is the committed output of the fault tests,
 /// not a copy: `./scripts/faults.sh` runs them and rewrites it (with
 /// `SAGA_UPDATE_README=1` this test writes the table instead of checking).
+/// Where the table of faults outside the process is published.
+const FAULTS_PAGE: &str = "docs/operations.md";
+
 #[test]
 fn the_readme_faults_table_is_generated_from_the_committed_fault_run() {
     let rows = committed("faults.json");
     let table = faults_table(&rows);
-    let readme = std::fs::read_to_string("README.md").unwrap();
+    let readme = std::fs::read_to_string(FAULTS_PAGE).unwrap();
     let region = readme_region(&readme, "faults table", "faults.json");
     if std::env::var_os("SAGA_UPDATE_README").is_some() {
         // The region is a slice of `readme`: splice by position.
@@ -206,12 +209,12 @@ fn the_readme_faults_table_is_generated_from_the_committed_fault_run() {
             &readme[..from],
             &readme[from + region.len()..]
         );
-        std::fs::write("README.md", updated).unwrap();
+        std::fs::write(FAULTS_PAGE, updated).unwrap();
         return;
     }
     assert_eq!(
         region, table,
-        "README.md's faults table differs from benches/results/faults.json"
+        "docs/operations.md's faults table differs from benches/results/faults.json"
     );
     for fault in [
         "PostgreSQL stopped in immediate mode",

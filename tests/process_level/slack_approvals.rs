@@ -156,7 +156,15 @@ impl Setup {
             .unwrap();
         let run: Uuid = run.parse().unwrap();
         let approval = pivot["approval_id"].as_i64().unwrap();
-        (run, approval, notice_key(run, approval, "primary"))
+        (
+            run,
+            approval,
+            notice_key(
+                run,
+                approval,
+                saga_harness::saga::model::NoticePlace::Primary,
+            ),
+        )
     }
 
     /// The message posted with `key`, once it is.
@@ -342,7 +350,7 @@ async fn a_waiting_pivot_is_posted_once_and_a_lead_approves_it_from_slack(db: co
     let events = s.state.store.events(Some(run), 100).await.unwrap();
     let decision = events
         .iter()
-        .find(|e| e.entity == "approval" && e.to_status.as_deref() == Some("approved"))
+        .find(|e| e.entity.as_str() == "approval" && e.to_status.as_deref() == Some("approved"))
         .expect("the approval's audit line");
     assert_eq!(decision.actor, Actor::User("lead".into()));
     assert_eq!(decision.detail.as_deref(), Some("decided in Slack"));
@@ -516,7 +524,11 @@ async fn a_held_step_nobody_decides_expires_as_its_own_outcome_never_a_rejection
         approval.expires_at.is_some(),
         "the tools file's deadline applies"
     );
-    let key = notice_key(approval.run_id, approval.id, "primary");
+    let key = notice_key(
+        approval.run_id,
+        approval.id,
+        saga_harness::saga::model::NoticePlace::Primary,
+    );
     let posted = s.posted(&key).await;
     assert!(
         posted["blocks"].to_string().contains("decide by"),
@@ -580,7 +592,11 @@ async fn an_approval_nobody_decides_is_escalated_once_to_the_second_channel() {
         .unwrap()
         .unwrap()
         .run_id;
-    let escalation = notice_key(run, approval, "escalation");
+    let escalation = notice_key(
+        run,
+        approval,
+        saga_harness::saga::model::NoticePlace::Escalation,
+    );
     let second = s.posted(&escalation).await;
     assert_eq!(second["channel"], "C0ALERTS01", "{second}");
     assert!(
@@ -686,7 +702,10 @@ async fn under_the_two_person_rule_one_person_cannot_approve_twice() {
     assert_eq!(s.run_status(run).await, "COMPLETED");
     assert_eq!(s.emails_to_grace(), 1);
     let events = s.state.store.events(Some(run), 100).await.unwrap();
-    let approvals: Vec<_> = events.iter().filter(|e| e.entity == "approval").collect();
+    let approvals: Vec<_> = events
+        .iter()
+        .filter(|e| e.entity.as_str() == "approval")
+        .collect();
     assert!(approvals.iter().any(
         |e| e.actor == Actor::User("lead".into()) && e.to_status.as_deref() == Some("pending")
     ));
@@ -830,7 +849,8 @@ async fn an_approver_edits_a_commit_step_and_the_commit_sends_the_edited_argumen
     let line = events
         .iter()
         .find(|e| {
-            e.entity == "approval" && e.detail.as_deref().is_some_and(|d| d.starts_with("edited"))
+            e.entity.as_str() == "approval"
+                && e.detail.as_deref().is_some_and(|d| d.starts_with("edited"))
         })
         .expect("the edit's audit line");
     assert_eq!(line.actor, Actor::User("lead".into()));

@@ -267,7 +267,7 @@ async fn paused_owner(db: common::TestDb) {
         .await
         .unwrap()
         .into_iter()
-        .filter(|e| e.entity == "step" && e.from_status.as_deref() == Some("INTENDED"))
+        .filter(|e| e.entity.as_str() == "step" && e.from_status.as_deref() == Some("INTENDED"))
         .collect();
     assert_eq!(outcomes.len(), 1, "{outcomes:?}");
     assert_eq!(

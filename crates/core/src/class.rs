@@ -2,13 +2,21 @@
 //! see its effect (the audience that ranks corrections, R10) and which side
 //! of the pivot it ran on (R9).
 
-use serde::{Deserialize, Serialize};
-use std::fmt;
-use std::str::FromStr;
+use crate::names::names;
 
 /// How a tool's effect can be taken back (R1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum ToolClass {
     /// No side effect: never logged, takes no step index (R2).
     Pure,
@@ -22,8 +30,20 @@ pub enum ToolClass {
 
 /// Who could have seen an effect, ordered by blast radius: a correction to
 /// the public outranks one to a customer, and so on down to the team.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum Audience {
     Internal,
     Partner,
@@ -51,16 +71,38 @@ impl Audience {
 }
 
 /// Which side of the pivot a step ran on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum Phase {
     BeforePivot,
     AfterPivot,
 }
 
 /// A support lead's role in the dashboard.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum Role {
     Viewer,
     Approver,
@@ -74,55 +116,14 @@ impl Role {
     }
 }
 
-/// A name from storage, configuration or a form that names no such thing.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} {value:?}; expected one of: {expected}")]
-pub struct UnknownName {
-    pub what: &'static str,
-    pub value: String,
-    pub expected: &'static str,
+names! {
+    ToolClass: "tool class",
+    Audience: "audience",
+    Phase: "phase",
+    Role: "role",
 }
 
-/// `ALL`, `as_str`, `FromStr` and `Display` for a closed set of names.
-macro_rules! named_enum {
-    ($ty:ident, $what:literal, $expected:literal, { $($variant:ident => $name:literal),+ $(,)? }) => {
-        impl $ty {
-            /// Every value, in declaration order.
-            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
-
-            pub fn as_str(self) -> &'static str {
-                match self { $($ty::$variant => $name),+ }
-            }
-        }
-        impl FromStr for $ty {
-            type Err = UnknownName;
-            fn from_str(s: &str) -> Result<Self, Self::Err> {
-                match s {
-                    $($name => Ok($ty::$variant),)+
-                    _ => Err(UnknownName { what: $what, value: s.to_owned(), expected: $expected }),
-                }
-            }
-        }
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
-
-named_enum!(ToolClass, "tool class", "pure, reversible, compensatable, irreversible", {
-    Pure => "pure", Reversible => "reversible", Compensatable => "compensatable", Irreversible => "irreversible",
-});
-named_enum!(Audience, "audience", "internal, partner, finance, customer, public", {
-    Internal => "internal", Partner => "partner", Finance => "finance", Customer => "customer", Public => "public",
-});
-named_enum!(Phase, "phase", "before_pivot, after_pivot", {
-    BeforePivot => "before_pivot", AfterPivot => "after_pivot",
-});
-named_enum!(Role, "role", "viewer, approver, admin", {
-    Viewer => "viewer", Approver => "approver", Admin => "admin",
-});
+pub use crate::names::UnknownName;
 
 #[cfg(test)]
 mod tests {

@@ -28,7 +28,7 @@ pub fn correction_key(run_id: Uuid, step_idx: i64, tool: &str) -> String {
 /// The key of the message telling people approval `approval_id` waits
 /// (`place`: which of its messages), derived from the run and the
 /// approval, so a retried post finds the first one.
-pub fn notice_key(run_id: Uuid, approval_id: i64, place: &str) -> String {
+pub fn notice_key(run_id: Uuid, approval_id: i64, place: super::model::NoticePlace) -> String {
     step_key(run_id, approval_id, &format!("notice:{place}"))
 }
 

@@ -13,6 +13,7 @@ pub mod agent_acts;
 pub mod answer;
 pub mod class;
 pub mod input;
+pub mod names;
 pub mod status;
 pub mod words;
 

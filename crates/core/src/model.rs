@@ -255,8 +255,10 @@ pub struct Compensation {
     pub updated_at: DateTime<Utc>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray, strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum ApprovalKind {
     /// The whole commit plan of a run.
     Pivot,
@@ -264,15 +266,10 @@ pub enum ApprovalKind {
     Step,
 }
 
-impl ApprovalKind {
-    pub const ALL: [ApprovalKind; 2] = [ApprovalKind::Pivot, ApprovalKind::Step];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalKind::Pivot => "pivot",
-            ApprovalKind::Step => "step",
-        }
-    }
+crate::names::names! {
+    ApprovalKind: "approval kind",
+    CorrectionSource: "correction source",
+    NoticeStatus: "notice status",
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -470,20 +467,13 @@ pub struct Decision {
 }
 
 /// Which record a correction corrects.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray, strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum CorrectionSource {
     Step,
     Compensation,
-}
-
-impl CorrectionSource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CorrectionSource::Step => "step",
-            CorrectionSource::Compensation => "compensation",
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -549,8 +539,7 @@ pub struct OriginalEffect {
 pub struct Event {
     pub id: i64,
     pub run_id: Option<Uuid>,
-    /// `run`, `step`, `compensation`, `approval`, `correction`, `user`, `token`.
-    pub entity: String,
+    pub entity: EventEntity,
     /// The step index, approval id or correction id the event is about.
     pub entity_id: Option<i64>,
     pub actor: Actor,
@@ -558,6 +547,33 @@ pub struct Event {
     pub to_status: Option<String>,
     pub detail: Option<String>,
     pub at: DateTime<Utc>,
+}
+
+/// What an audit line is about.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
+pub enum EventEntity {
+    Run,
+    Step,
+    Compensation,
+    Approval,
+    Correction,
+    User,
+    Token,
+}
+
+crate::names::names! {
+    EventEntity: "audit entity",
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -586,8 +602,10 @@ pub struct ApiToken {
 /// Where a message telling people an approval waits (a Slack post) stands.
 /// It is kept like a step: written with its key before it is posted, so a
 /// post whose answer was lost is looked up by that key, never sent twice.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray, strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum NoticeStatus {
     /// Written, not yet known to be posted.
     Intended,
@@ -598,40 +616,36 @@ pub enum NoticeStatus {
     Failed,
 }
 
-impl NoticeStatus {
-    pub const ALL: [NoticeStatus; 4] = [
-        NoticeStatus::Intended,
-        NoticeStatus::Posted,
-        NoticeStatus::Unknown,
-        NoticeStatus::Failed,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NoticeStatus::Intended => "intended",
-            NoticeStatus::Posted => "posted",
-            NoticeStatus::Unknown => "unknown",
-            NoticeStatus::Failed => "failed",
-        }
-    }
+/// Which message of an approval a notice is.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
+pub enum NoticePlace {
+    /// The first post.
+    Primary,
+    /// The post to the escalation channel, once nobody decided in time.
+    Escalation,
 }
 
-impl std::str::FromStr for NoticeStatus {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        NoticeStatus::ALL
-            .into_iter()
-            .find(|status| status.as_str() == s)
-            .ok_or_else(|| format!("`{s}` is not a notice status"))
-    }
+crate::names::names! {
+    NoticePlace: "notice place",
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewNotice {
     pub approval_id: i64,
     pub run_id: Uuid,
-    /// Which message of the approval: `primary` (the first post).
-    pub place: String,
+    /// Which message of the approval.
+    pub place: NoticePlace,
     pub idempotency_key: String,
     pub channel: String,
 }
@@ -640,7 +654,7 @@ pub struct NewNotice {
 pub struct Notice {
     pub approval_id: i64,
     pub run_id: Uuid,
-    pub place: String,
+    pub place: NoticePlace,
     pub idempotency_key: String,
     pub channel: String,
     pub status: NoticeStatus,

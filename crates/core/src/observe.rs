@@ -9,7 +9,10 @@ use super::status::StepStatus;
 use std::time::Duration;
 
 /// How a step whose outcome was unknown got its real one (R7).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray, strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum Settlement {
     /// The first lookup found the effect (or its failure).
     Lookup,
@@ -20,18 +23,11 @@ pub enum Settlement {
     Person,
 }
 
-impl Settlement {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Settlement::Lookup => "lookup",
-            Settlement::SecondLook => "second_look",
-            Settlement::Person => "person",
-        }
-    }
-}
-
 /// Which of a connector's two requests a system answered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray, strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum SystemRequest {
     /// The effect itself (a step, a compensation, a correction send).
     Execute,
@@ -39,13 +35,9 @@ pub enum SystemRequest {
     Lookup,
 }
 
-impl SystemRequest {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SystemRequest::Execute => "execute",
-            SystemRequest::Lookup => "lookup",
-        }
-    }
+crate::names::names! {
+    Settlement: "settlement",
+    SystemRequest: "system request",
 }
 
 /// The system a connector operation belongs to: `stripe` for

@@ -6,13 +6,21 @@
 //! is refused as a bug instead of silently overwriting what the log says
 //! happened. Strings appear only at the edges (`as_str` / `FromStr`).
 
-use serde::{Deserialize, Serialize};
-use std::fmt;
-use std::str::FromStr;
+use crate::names::names;
 
 /// Where a non-pure step (or a compensation) stands in its lifecycle.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::EnumCount,
+)]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
 pub enum StepStatus {
     /// The index is reserved and the exact call stored; nothing was sent.
     AwaitingApproval,
@@ -29,30 +37,6 @@ pub enum StepStatus {
 }
 
 impl StepStatus {
-    pub const ALL: [StepStatus; 8] = [
-        StepStatus::AwaitingApproval,
-        StepStatus::Intended,
-        StepStatus::Confirmed,
-        StepStatus::Failed,
-        StepStatus::Unknown,
-        StepStatus::NotExecuted,
-        StepStatus::Rejected,
-        StepStatus::Compensated,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StepStatus::AwaitingApproval => "AWAITING_APPROVAL",
-            StepStatus::Intended => "INTENDED",
-            StepStatus::Confirmed => "CONFIRMED",
-            StepStatus::Failed => "FAILED",
-            StepStatus::Unknown => "UNKNOWN",
-            StepStatus::NotExecuted => "NOT_EXECUTED",
-            StepStatus::Rejected => "REJECTED",
-            StepStatus::Compensated => "COMPENSATED",
-        }
-    }
-
     /// Settled steps need no reconcile: the log knows what happened.
     pub fn is_settled(self) -> bool {
         matches!(
@@ -75,8 +59,18 @@ pub enum Lifecycle {
 }
 
 /// Where a run stands (DESIGN.md §3, "Run statuses").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::EnumCount,
+)]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
 pub enum RunStatus {
     Running,
     /// A pivot was proposed and waits for a person.
@@ -92,30 +86,6 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
-    pub const ALL: [RunStatus; 8] = [
-        RunStatus::Running,
-        RunStatus::AwaitingApproval,
-        RunStatus::Committing,
-        RunStatus::Completed,
-        RunStatus::Rejected,
-        RunStatus::Unwinding,
-        RunStatus::Unwound,
-        RunStatus::NeedsAttention,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunStatus::Running => "RUNNING",
-            RunStatus::AwaitingApproval => "AWAITING_APPROVAL",
-            RunStatus::Committing => "COMMITTING",
-            RunStatus::Completed => "COMPLETED",
-            RunStatus::Rejected => "REJECTED",
-            RunStatus::Unwinding => "UNWINDING",
-            RunStatus::Unwound => "UNWOUND",
-            RunStatus::NeedsAttention => "NEEDS_ATTENTION",
-        }
-    }
-
     /// Nothing more happens to a run in these states (short of an approver
     /// unwinding a completed one).
     pub fn is_terminal(self) -> bool {
@@ -199,32 +169,24 @@ pub fn check_run_transition(
 
 /// Where a customer-facing correction stands (R10). Its send has a step
 /// lifecycle of its own (`send_status`), judged by [`check_step_transition`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum CorrectionStatus {
     Pending,
     /// Signed off by a person; the text is frozen from here on.
     Approved,
     Sent,
     Dismissed,
-}
-
-impl CorrectionStatus {
-    pub const ALL: [CorrectionStatus; 4] = [
-        CorrectionStatus::Pending,
-        CorrectionStatus::Approved,
-        CorrectionStatus::Sent,
-        CorrectionStatus::Dismissed,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CorrectionStatus::Pending => "pending",
-            CorrectionStatus::Approved => "approved",
-            CorrectionStatus::Sent => "sent",
-            CorrectionStatus::Dismissed => "dismissed",
-        }
-    }
 }
 
 /// The judge of correction moves: a signed-off correction can only be sent;
@@ -245,8 +207,18 @@ pub fn check_correction_transition(
 }
 
 /// Where an approval request (pivot or single step) stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum ApprovalStatus {
     Pending,
     Approved,
@@ -255,26 +227,6 @@ pub enum ApprovalStatus {
     Superseded,
     /// Left pending past its deadline (the tools file's, or when the holds it builds on lapse).
     Expired,
-}
-
-impl ApprovalStatus {
-    pub const ALL: [ApprovalStatus; 5] = [
-        ApprovalStatus::Pending,
-        ApprovalStatus::Approved,
-        ApprovalStatus::Rejected,
-        ApprovalStatus::Superseded,
-        ApprovalStatus::Expired,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalStatus::Pending => "pending",
-            ApprovalStatus::Approved => "approved",
-            ApprovalStatus::Rejected => "rejected",
-            ApprovalStatus::Superseded => "superseded",
-            ApprovalStatus::Expired => "expired",
-        }
-    }
 }
 
 /// The judge of approval moves: only a pending request is decided, once.
@@ -293,76 +245,11 @@ pub fn check_approval_transition(
     }
 }
 
-/// A status string from storage or the wire that names no status.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} status {value:?}")]
-pub struct UnknownStatus {
-    pub what: &'static str,
-    pub value: String,
-}
-
-impl FromStr for StepStatus {
-    type Err = UnknownStatus;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        StepStatus::ALL
-            .into_iter()
-            .find(|status| status.as_str() == s)
-            .ok_or_else(|| UnknownStatus {
-                what: "step",
-                value: s.to_owned(),
-            })
-    }
-}
-
-impl FromStr for RunStatus {
-    type Err = UnknownStatus;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        RunStatus::ALL
-            .into_iter()
-            .find(|status| status.as_str() == s)
-            .ok_or_else(|| UnknownStatus {
-                what: "run",
-                value: s.to_owned(),
-            })
-    }
-}
-
-impl FromStr for CorrectionStatus {
-    type Err = UnknownStatus;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        CorrectionStatus::ALL
-            .into_iter()
-            .find(|status| status.as_str() == s)
-            .ok_or_else(|| UnknownStatus {
-                what: "correction",
-                value: s.to_owned(),
-            })
-    }
-}
-
-impl FromStr for ApprovalStatus {
-    type Err = UnknownStatus;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        ApprovalStatus::ALL
-            .into_iter()
-            .find(|status| status.as_str() == s)
-            .ok_or_else(|| UnknownStatus {
-                what: "approval",
-                value: s.to_owned(),
-            })
-    }
-}
-
-impl fmt::Display for StepStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl fmt::Display for RunStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+names! {
+    StepStatus: "step status",
+    RunStatus: "run status",
+    CorrectionStatus: "correction status",
+    ApprovalStatus: "approval status",
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 use crate::saga::class::{Audience, Phase, Role, ToolClass};
 use crate::saga::model::*;
+use crate::saga::names::UnknownName;
 use crate::saga::status::*;
 use crate::saga::store::{
     Backend, ClaimedRun, RunClaim, RunsPage, SagaStore, StoreError, StoreResult,
@@ -82,7 +83,7 @@ pub(crate) fn parse_uuid(column: &str, text: &str) -> Result<Uuid, StoreError> {
 /// One audit-trail line, written in the transaction of the change it records.
 pub(crate) struct EventLine<'a> {
     pub run_id: Option<Uuid>,
-    pub entity: &'static str,
+    pub entity: EventEntity,
     pub entity_id: Option<i64>,
     pub actor: &'a Actor,
     pub from: Option<&'a str>,
@@ -147,10 +148,10 @@ impl Settled {
     }
 
     /// The audit trail's name for the row.
-    pub(crate) fn entity(self) -> &'static str {
+    pub(crate) fn entity(self) -> EventEntity {
         match self {
-            Settled::Step => "step",
-            Settled::Compensation => "compensation",
+            Settled::Step => EventEntity::Step,
+            Settled::Compensation => EventEntity::Compensation,
         }
     }
 
@@ -388,7 +389,7 @@ macro_rules! saga_store_over_dialect {
                         &mut tx,
                         EventLine {
                             run_id: Some(id),
-                            entity: "run",
+                            entity: EventEntity::Run,
                             entity_id: None,
                             actor: &Actor::Agent(new.agent.clone()),
                             from: None,
@@ -639,7 +640,7 @@ macro_rules! saga_store_over_dialect {
                     &mut tx,
                     EventLine {
                         run_id: Some(run_id),
-                        entity: "run",
+                        entity: EventEntity::Run,
                         entity_id: None,
                         actor,
                         from: None,
@@ -696,7 +697,7 @@ macro_rules! saga_store_over_dialect {
                     &mut tx,
                     EventLine {
                         run_id: Some(new.run_id),
-                        entity: "compensation",
+                        entity: EventEntity::Compensation,
                         entity_id: Some(new.step_idx),
                         actor,
                         from: None,
@@ -767,7 +768,7 @@ macro_rules! saga_store_over_dialect {
                         &mut tx,
                         EventLine {
                             run_id: Some(run_id),
-                            entity: "step",
+                            entity: EventEntity::Step,
                             entity_id: Some(step_idx),
                             actor,
                             from: Some(StepStatus::Confirmed.as_str()),
@@ -852,7 +853,7 @@ macro_rules! saga_store_over_dialect {
                     &mut tx,
                     EventLine {
                         run_id: Some(approval.run_id),
-                        entity: "approval",
+                        entity: EventEntity::Approval,
                         entity_id: Some(approval.id),
                         actor,
                         from: Some(ApprovalStatus::Pending.as_str()),
@@ -919,7 +920,7 @@ macro_rules! saga_store_over_dialect {
                                 &mut tx,
                                 EventLine {
                                     run_id: Some(current.run_id),
-                                    entity: "approval",
+                                    entity: EventEntity::Approval,
                                     entity_id: Some(current.id),
                                     actor,
                                     from: Some(ApprovalStatus::Pending.as_str()),
@@ -966,7 +967,7 @@ macro_rules! saga_store_over_dialect {
                     &mut tx,
                     EventLine {
                         run_id: Some(current.run_id),
-                        entity: "approval",
+                        entity: EventEntity::Approval,
                         entity_id: Some(current.id),
                         actor,
                         from: Some(ApprovalStatus::Pending.as_str()),
@@ -1050,7 +1051,7 @@ macro_rules! saga_store_over_dialect {
                              ON CONFLICT (approval_id, place) DO NOTHING",
                 )
                 .bind(new.approval_id)
-                .bind(&new.place)
+                .bind(new.place.as_str())
                 .bind(new.run_id.to_string())
                 .bind(&new.idempotency_key)
                 .bind(&new.channel)
@@ -1063,7 +1064,7 @@ macro_rules! saga_store_over_dialect {
                 let row =
                     Sql::<Self>::query("SELECT * FROM approval_notices WHERE approval_id = $1 AND place = $2")
                         .bind(new.approval_id)
-                        .bind(&new.place)
+                        .bind(new.place.as_str())
                         .fetch_one(&mut *conn)
                         .await
                         .map_err(db)?;
@@ -1084,7 +1085,7 @@ macro_rules! saga_store_over_dialect {
                 .bind(&notice.error)
                 .bind(Utc::now())
                 .bind(notice.approval_id)
-                .bind(&notice.place)
+                .bind(notice.place.as_str())
                 .execute(&mut *conn)
                 .await
                 .map_err(db)?;
@@ -1175,7 +1176,7 @@ macro_rules! saga_store_over_dialect {
                         &mut tx,
                         EventLine {
                             run_id: Some(new.run_id),
-                            entity: "correction",
+                            entity: EventEntity::Correction,
                             entity_id: Some(correction.id),
                             actor,
                             from: None,
@@ -1239,7 +1240,7 @@ macro_rules! saga_store_over_dialect {
                     &mut tx,
                     EventLine {
                         run_id: Some(correction.run_id),
-                        entity: "correction",
+                        entity: EventEntity::Correction,
                         entity_id: Some(id),
                         actor,
                         from: None,
@@ -1311,7 +1312,7 @@ macro_rules! saga_store_over_dialect {
                     &mut tx,
                     EventLine {
                         run_id: Some(correction.run_id),
-                        entity: "correction",
+                        entity: EventEntity::Correction,
                         entity_id: Some(id),
                         actor,
                         from: Some(from.as_str()),
@@ -1386,7 +1387,7 @@ macro_rules! saga_store_over_dialect {
                     &mut tx,
                     EventLine {
                         run_id: Some(correction.run_id),
-                        entity: "correction",
+                        entity: EventEntity::Correction,
                         entity_id: Some(id),
                         actor,
                         from: Some(outcome.from.as_str()),
@@ -1652,7 +1653,7 @@ macro_rules! saga_store_over_dialect {
                     &mut tx,
                     EventLine {
                         run_id: None,
-                        entity: "token",
+                        entity: EventEntity::Token,
                         entity_id: None,
                         actor: &Actor::System,
                         from: None,
@@ -1695,7 +1696,7 @@ macro_rules! saga_store_over_dialect {
                     &mut tx,
                     EventLine {
                         run_id: None,
-                        entity: "token",
+                        entity: EventEntity::Token,
                         entity_id: Some(token.id),
                         actor: &Actor::System,
                         from: None,

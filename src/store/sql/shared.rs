@@ -260,7 +260,9 @@ where
         Ok(Notice {
             approval_id: Self::get(row, "approval_id")?,
             run_id: parse_uuid("approval_notices.run_id", &Self::text(row, "run_id")?)?,
-            place: Self::text(row, "place")?,
+            place: Self::text(row, "place")?
+                .parse()
+                .map_err(|e: UnknownName| StoreError::Corrupt(e.to_string()))?,
             idempotency_key: Self::text(row, "idempotency_key")?,
             channel: Self::text(row, "channel")?,
             status: Self::parsed(row, "status")?,
@@ -279,7 +281,9 @@ where
             run_id: Self::opt_text(row, "run_id")?
                 .map(|t| parse_uuid("events.run_id", &t))
                 .transpose()?,
-            entity: Self::text(row, "entity")?,
+            entity: Self::text(row, "entity")?
+                .parse()
+                .map_err(|e: UnknownName| StoreError::Corrupt(e.to_string()))?,
             entity_id: Self::get(row, "entity_id")?,
             actor: Actor::parse(&Self::text(row, "actor")?),
             from_status: Self::opt_text(row, "from_status")?,
@@ -312,7 +316,7 @@ where
             conn,
             EventLine {
                 run_id: None,
-                entity: "user",
+                entity: EventEntity::User,
                 entity_id: Some(user.id),
                 actor: &Actor::System,
                 from,
@@ -330,7 +334,7 @@ where
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             )
             .bind(line.run_id.map(|id| id.to_string()))
-            .bind(line.entity)
+            .bind(line.entity.as_str())
             .bind(line.entity_id)
             .bind(line.actor.to_string())
             .bind(line.from)
@@ -395,7 +399,7 @@ where
             conn,
             EventLine {
                 run_id: Some(id),
-                entity: "run",
+                entity: EventEntity::Run,
                 entity_id: None,
                 actor,
                 from: Some(from.as_str()),
@@ -504,7 +508,7 @@ where
             &mut *conn,
             EventLine {
                 run_id: Some(new.run_id),
-                entity: "step",
+                entity: EventEntity::Step,
                 entity_id: Some(new.step_idx),
                 actor,
                 from: None,
@@ -598,7 +602,7 @@ where
                     &mut *conn,
                     EventLine {
                         run_id: Some(new.run_id),
-                        entity: "approval",
+                        entity: EventEntity::Approval,
                         entity_id: Some(Self::get(&row, "id")?),
                         actor,
                         from: Some(ApprovalStatus::Pending.as_str()),
@@ -643,7 +647,7 @@ where
             &mut *conn,
             EventLine {
                 run_id: Some(new.run_id),
-                entity: "approval",
+                entity: EventEntity::Approval,
                 entity_id: Some(approval.id),
                 actor,
                 from: None,

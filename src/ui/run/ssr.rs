@@ -38,7 +38,7 @@ async fn waiting_note(
         ));
     }
     for notice in store.notices(approval.id).await? {
-        let place = if notice.place == "escalation" {
+        let place = if notice.place == crate::saga::model::NoticePlace::Escalation {
             "escalated to"
         } else {
             "posted to"
@@ -302,7 +302,9 @@ fn planned(
 fn reconciled_by(events: &[Event], step: &Step) -> Option<String> {
     let moved: Vec<&Event> = events
         .iter()
-        .filter(|e| e.entity == "step" && e.entity_id == Some(step.step_idx))
+        .filter(|e| {
+            e.entity == crate::saga::model::EventEntity::Step && e.entity_id == Some(step.step_idx)
+        })
         .collect();
     let from_unknown = moved.iter().rev().find(|e| {
         e.from_status.as_deref() == Some("UNKNOWN") && e.to_status.as_deref() != Some("UNKNOWN")
