@@ -132,30 +132,8 @@ impl Application {
             ),
             None => None,
         };
-        // Unnamed, an instance is its host and port: unique among live
-        // instances, and the same again when it restarts in place.
-        let mut settings = args.database.store.clone();
-        settings
-            .instance_id
-            .get_or_insert_with(|| format!("{}:{}", store::host_name(), addr.port()));
         let longest_call = Timeouts::default().longest_call();
-        let lease = std::time::Duration::from_millis(settings.run_lease_ms);
-        if args.database.database_url.starts_with("postgres")
-            && lease < longest_call + crate::store::postgres::CALL_MARGIN
-        {
-            tracing::warn!(
-                lease_ms = settings.run_lease_ms,
-                longest_call_ms = longest_call.as_millis() as u64,
-                "the run lease is shorter than a call's longest time plus a second: each call \
-                 renews it in the database before it is sent, one statement more per call"
-            );
-        }
-        let opened = store::open_with(&args.database.database_url, &settings)
-            .await
-            .map_err(|source| ServerError::Store {
-                url: store::redact(&args.database.database_url),
-                source,
-            })?;
+        let opened = open_store(&args, addr, longest_call).await?;
         let slack_approvals = crate::approvals::SlackApprovals::from_registry(
             &registry,
             &Wire::new(&Timeouts::default()),
@@ -624,6 +602,37 @@ async fn router(
 
 /// The dashboard's sessions in `sessions`, once its table is migrated;
 /// expired ones are deleted in the background.
+/// The saga log this instance serves from. Unnamed, an instance is its
+/// host and port: unique among live instances, and the same again when it
+/// restarts in place.
+async fn open_store(
+    args: &ServeArgs,
+    addr: SocketAddr,
+    longest_call: std::time::Duration,
+) -> Result<store::Opened, ServerError> {
+    let mut settings = args.database.store.clone();
+    settings
+        .instance_id
+        .get_or_insert_with(|| format!("{}:{}", store::host_name(), addr.port()));
+    let lease = std::time::Duration::from_millis(settings.run_lease_ms);
+    if args.database.database_url.starts_with("postgres")
+        && lease < longest_call + crate::store::postgres::CALL_MARGIN
+    {
+        tracing::warn!(
+            lease_ms = settings.run_lease_ms,
+            longest_call_ms = longest_call.as_millis() as u64,
+            "the run lease is shorter than a call's longest time plus a second: each call \
+             renews it in the database before it is sent, one statement more per call"
+        );
+    }
+    store::open_with(&args.database.database_url, &settings)
+        .await
+        .map_err(|source| ServerError::Store {
+            url: store::redact(&args.database.database_url),
+            source,
+        })
+}
+
 fn with_sessions<S>(
     app: Router,
     sessions: S,

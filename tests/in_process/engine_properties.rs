@@ -5,16 +5,19 @@
 //! and, in most cases, a crash at a random saga-log write (before or after
 //! it commits), after which a fresh engine resumes from the database.
 //!
+//! Every choice a case makes is drawn from a tape of numbers that proptest
+//! generates and, when a case fails, shrinks: a shorter tape of smaller
+//! numbers is a simpler case (fewer calls, no fault, no crash), so what is
+//! reported is the simplest failing case found, as the tape that replays it.
+//!
 //! Cases: `SAGA_PROPERTY_CASES` (default 2000 on SQLite, 300 on
-//! PostgreSQL); a failing case prints its seed, and `SAGA_PROPERTY_SEED`
-//! replays just that case.
+//! PostgreSQL); `SAGA_PROPERTY_TAPE=3,0,41,…` replays one case.
 
 use crate::common;
 
 use common::crash::CrashingStore;
 use common::world::{Fault, Witness, World, TOOLS};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 use saga_harness::saga::class::Phase;
 use saga_harness::saga::engine::{Engine, OutcomeKind, Refusal};
 use saga_harness::saga::model::{Actor, NewRun, Via};
@@ -34,8 +37,37 @@ use uuid::Uuid;
 
 const AGENT: &str = "prop-bot";
 
+/// A case's choices, read from its tape: each draw takes the next number
+/// (0 once the tape runs out), and 0 always means the simplest choice.
+struct Choices {
+    tape: Vec<u32>,
+    at: usize,
+}
+
+impl Choices {
+    fn new(tape: Vec<u32>) -> Choices {
+        Choices { tape, at: 0 }
+    }
+
+    fn draw(&mut self) -> u32 {
+        let value = self.tape.get(self.at).copied().unwrap_or(0);
+        self.at += 1;
+        value
+    }
+
+    /// True about `percent` times in a hundred; never for a 0.
+    fn chance(&mut self, percent: u32) -> bool {
+        self.draw() % 100 >= 100 - percent
+    }
+
+    /// A number in `range`; its start for a 0.
+    fn pick(&mut self, range: std::ops::Range<u32>) -> u32 {
+        range.start + self.draw() % (range.end - range.start)
+    }
+}
+
 struct Case {
-    rng: StdRng,
+    rng: Choices,
     inner: Arc<dyn SagaStore>,
     world: Arc<World>,
     witness: Arc<Witness>,
@@ -45,17 +77,13 @@ struct Case {
 }
 
 impl Case {
-    fn new(inner: Arc<dyn SagaStore>, seed: u64) -> Case {
-        let mut rng = StdRng::seed_from_u64(seed);
+    fn new(inner: Arc<dyn SagaStore>, tape: Vec<u32>) -> Case {
+        let mut rng = Choices::new(tape);
         let world = Arc::new(World::new());
         let witness = Arc::new(Witness::new(world.clone(), inner.clone()));
         let registry = Arc::new(Registry::from_toml(TOOLS).unwrap());
-        let crash_at = rng.gen_bool(0.8).then(|| rng.gen_range(0..16));
-        let store = Arc::new(CrashingStore::new(
-            inner.clone(),
-            crash_at,
-            rng.gen_bool(0.5),
-        ));
+        let crash_at = rng.chance(80).then(|| i64::from(rng.pick(0..16)));
+        let store = Arc::new(CrashingStore::new(inner.clone(), crash_at, rng.chance(50)));
         let engine = Engine::new(store, registry.clone(), witness.clone())
             .pausing_resends_from(QUICK_RESENDS);
         Case {
@@ -83,7 +111,7 @@ impl Case {
     }
 
     fn maybe_fault(&mut self, operation: &str) {
-        if !self.rng.gen_bool(0.35) {
+        if !self.rng.chance(35) {
             return;
         }
         let mut faults = vec![
@@ -99,7 +127,7 @@ impl Case {
         if operation == "warehouse.reship" {
             faults.push(Fault::Status(422));
         }
-        let fault = faults[self.rng.gen_range(0..faults.len())].clone();
+        let fault = faults[self.rng.pick(0..faults.len() as u32) as usize].clone();
         self.world.fail_next(operation, fault);
     }
 }
@@ -119,19 +147,16 @@ macro_rules! surviving_crashes {
     }};
 }
 
-fn random_call(rng: &mut StdRng) -> (&'static str, Value) {
-    match rng.gen_range(0..6) {
-        5 => (
-            "authorize_card",
-            json!({"amount": rng.gen_range(100..10_000)}),
-        ),
+fn random_call(rng: &mut Choices) -> (&'static str, Value) {
+    match rng.pick(0..6) {
+        5 => ("authorize_card", json!({"amount": rng.pick(100..10_000)})),
         0 => (
             "create_ticket",
-            json!({"summary": format!("ticket {}", rng.gen::<u16>())}),
+            json!({"summary": format!("ticket {}", rng.draw() as u16)}),
         ),
         1 => (
             "charge_card",
-            json!({"amount": rng.gen_range(100..10_000), "receipt": rng.gen_bool(0.5), "email": "ana@example.com"}),
+            json!({"amount": rng.pick(100..10_000), "receipt": rng.chance(50), "email": "ana@example.com"}),
         ),
         2 => ("reship", json!({"sku": "A1"})),
         3 => (
@@ -154,14 +179,15 @@ fn operation(tool: &str) -> &'static str {
 }
 
 /// Runs one case; returns how many crashes it survived.
-async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<usize, String> {
-    let mut case = Case::new(inner, seed);
+async fn run_case(inner: Arc<dyn SagaStore>, tape: Vec<u32>) -> Result<usize, String> {
+    let purpose = format!("case {tape:?}");
+    let mut case = Case::new(inner, tape);
     let (run, _) = case
         .inner
         .create_run(NewRun {
             agent: AGENT.into(),
             label: None,
-            purpose: format!("case {seed}"),
+            purpose,
         })
         .await
         .map_err(|e| e.to_string())?;
@@ -171,7 +197,7 @@ async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<usize, String>
     // The agent's part: a few calls, each re-sent while its outcome is unknown.
     let mut next_step = 0;
     let mut gave_up = false;
-    let calls = case.rng.gen_range(1..=5);
+    let calls = case.rng.pick(1..6);
     'calls: for _ in 0..calls {
         let (tool, args) = random_call(&mut case.rng);
         case.maybe_fault(operation(tool));
@@ -225,7 +251,7 @@ async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<usize, String>
                         .into_iter()
                         .find(|a| a.run_id == run.id);
                     if let Some(approval) = approval {
-                        let approve = case.rng.gen_bool(0.6);
+                        let approve = case.rng.chance(60);
                         surviving_crashes!(case, |engine| engine
                             .decide_step(
                                 approval.id,
@@ -253,11 +279,11 @@ async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<usize, String>
     }
 
     // The ending: a pivot, an unwind, or completion.
-    let ending = if gave_up { 1 } else { case.rng.gen_range(0..3) };
+    let ending = if gave_up { 1 } else { case.rng.pick(0..3) };
     if ending == 0 {
         let mut commit = Vec::new();
-        for _ in 0..case.rng.gen_range(1..=2) {
-            let (tool, args) = match case.rng.gen_range(0..3) {
+        for _ in 0..case.rng.pick(1..3) {
+            let (tool, args) = match case.rng.pick(0..3) {
                 0 => (
                     "charge_card",
                     json!({"amount": 4200, "receipt": false, "email": "ana@example.com"}),
@@ -279,7 +305,7 @@ async fn run_case(inner: Arc<dyn SagaStore>, seed: u64) -> Result<usize, String>
             .await);
         match proposed {
             Ok(pivot) => {
-                let approve = case.rng.gen_bool(0.6);
+                let approve = case.rng.chance(60);
                 for op in [
                     "tickets.close",
                     "payments.refund",
@@ -486,80 +512,129 @@ enum Backing {
     Shared(Arc<dyn SagaStore>),
 }
 
-async fn property(backing: Backing, default_cases: u64) {
-    let cases: u64 = std::env::var("SAGA_PROPERTY_CASES")
+/// One case on a store of its own (SQLite) or its own run in the shared
+/// database (PostgreSQL): how many crashes it survived, or why it failed.
+async fn one_case(
+    backing: &Backing,
+    scratch: &std::path::Path,
+    tape: Vec<u32>,
+) -> Result<usize, String> {
+    let store = match backing {
+        Backing::Shared(store) => store.clone(),
+        Backing::SqliteFilePerCase => {
+            // A name of its own: the last case's store may not have let go
+            // of its file yet.
+            static CASES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let n = CASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let url = format!(
+                "sqlite://{}",
+                scratch.join(format!("case-{n}.db")).display()
+            );
+            saga_harness::store::open(&url).await.unwrap().saga_store()
+        }
+    };
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(20), run_case(store, tape))
+        .await
+        .unwrap_or_else(|_| Err("hung for 20 s".to_owned()));
+    if matches!(backing, Backing::SqliteFilePerCase) {
+        // Each case starts on an empty file; memory-backed scratch space
+        // stays small over thousands of cases.
+        for entry in std::fs::read_dir(scratch).into_iter().flatten().flatten() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    outcome
+}
+
+/// The tape `SAGA_PROPERTY_TAPE` names (`3,0,41,…`), to replay one case.
+fn tape_to_replay() -> Option<Vec<u32>> {
+    let text = std::env::var("SAGA_PROPERTY_TAPE").ok()?;
+    Some(
+        text.split(',')
+            .filter(|n| !n.trim().is_empty())
+            .map(|n| {
+                n.trim()
+                    .parse()
+                    .expect("SAGA_PROPERTY_TAPE: numbers, comma-separated")
+            })
+            .collect(),
+    )
+}
+
+async fn property(backing: Backing, default_cases: u32) {
+    let cases: u32 = std::env::var("SAGA_PROPERTY_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default_cases);
-    let seeds: Vec<u64> = match std::env::var("SAGA_PROPERTY_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        Some(seed) => vec![seed],
-        None => (0..cases).map(|i| 0x5a6a_0000 + i).collect(),
-    };
     // The cases test the engine, not the disk: memory-backed /dev/shm,
     // where there is one, keeps thousands of fsyncs cheap.
     let scratch = match std::path::Path::new("/dev/shm").is_dir() {
         true => tempfile::tempdir_in("/dev/shm").unwrap(),
         false => tempfile::tempdir().unwrap(),
     };
-    let started = Instant::now();
-    let mut failures = Vec::new();
-    let mut backend = None;
-    let mut crashed = 0;
-    for seed in &seeds {
-        let store = match &backing {
-            Backing::Shared(store) => store.clone(),
-            Backing::SqliteFilePerCase => {
-                let url = format!(
-                    "sqlite://{}",
-                    scratch.path().join(format!("case-{seed}.db")).display()
-                );
-                saga_harness::store::open(&url).await.unwrap().saga_store()
-            }
-        };
-        backend = Some(store.backend());
-        let case = tokio::time::timeout(std::time::Duration::from_secs(20), run_case(store, *seed));
-        let result = case.await;
-        if matches!(backing, Backing::SqliteFilePerCase) {
-            // Keep memory-backed scratch space small over thousands of cases.
-            for entry in std::fs::read_dir(scratch.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-        match result {
-            Ok(Ok(crashes)) => crashed += usize::from(crashes > 0),
-            Ok(Err(why)) => failures.push(format!("seed {seed}: {why}")),
-            Err(_) => failures.push(format!("seed {seed}: hung for 20 s")),
-        }
+    if let Some(tape) = tape_to_replay() {
+        let outcome = one_case(&backing, scratch.path(), tape.clone()).await;
+        assert!(outcome.is_ok(), "tape {tape:?}: {}", outcome.unwrap_err());
+        return;
     }
+    let started = Instant::now();
+    let ran = std::sync::atomic::AtomicUsize::new(0);
+    let crashed = std::sync::atomic::AtomicUsize::new(0);
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters: 500,
+        ..Config::default()
+    };
+    // The same cases in every run, so CI is reproducible.
+    let mut runner =
+        TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+    let tapes = proptest::collection::vec(proptest::num::u32::ANY, 24..64);
+    let runtime = tokio::runtime::Handle::current();
+    let result = runner.run(&tapes, |tape| {
+        let outcome = tokio::task::block_in_place(|| {
+            runtime.block_on(one_case(&backing, scratch.path(), tape))
+        });
+        ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match outcome {
+            Ok(crashes) => {
+                if crashes > 0 {
+                    crashed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(())
+            }
+            Err(why) => Err(TestCaseError::fail(why)),
+        }
+    });
     eprintln!(
-        "{} cases on {:?} ({} with a crash and restart) in {:.1} s ({} failed)",
-        seeds.len(),
-        backend,
-        crashed,
+        "{} cases on {} ({} with a crash and restart, shrinking included) in {:.1} s",
+        ran.into_inner(),
+        match backing {
+            Backing::SqliteFilePerCase => "SQLite",
+            Backing::Shared(_) => "PostgreSQL",
+        },
+        crashed.into_inner(),
         started.elapsed().as_secs_f64(),
-        failures.len()
     );
-    assert!(
-        failures.is_empty(),
-        "{} failing case(s):\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    match result {
+        Ok(()) => {}
+        Err(TestError::Fail(why, tape)) => {
+            let replay: Vec<String> = tape.iter().map(u32::to_string).collect();
+            panic!(
+                "the simplest failing case found: {why}\nreplay it with SAGA_PROPERTY_TAPE={}",
+                replay.join(",")
+            );
+        }
+        Err(TestError::Abort(why)) => panic!("the property test stopped: {why}"),
+    }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_random_plans_faults_and_crashes_hold_every_invariant() {
     property(Backing::SqliteFilePerCase, 2000).await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_random_plans_faults_and_crashes_hold_every_invariant() {
     let db = crate::common::postgres_or_skip!();
     let store = saga_harness::store::open(&db.url)

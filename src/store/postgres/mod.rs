@@ -389,11 +389,16 @@ impl Fence {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).lost = true;
     }
 
-    /// Renews the lease now; `Ok(false)` when it is another holder's.
+    /// Renews the lease now; `Ok(false)` when it is another holder's, or
+    /// when the answer came back only after the renewed lease would have
+    /// run out. The process was then paused with the statement in flight
+    /// (it left before a SIGSTOP took hold, say), and a renewal that held
+    /// back then proves nothing about now.
     async fn renew(&self) -> Result<bool, sqlx::Error> {
         let sent = tokio::time::Instant::now();
         let done = sqlx::raw_sql(&self.renew_sql).execute(&self.pool).await?;
-        if done.rows_affected() == 1 {
+        let in_time = tokio::time::Instant::now() < sent + self.lease;
+        if done.rows_affected() == 1 && in_time {
             self.renewed(sent);
             Ok(true)
         } else {

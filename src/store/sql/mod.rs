@@ -901,41 +901,11 @@ macro_rules! saga_store_over_dialect {
                     )));
                 }
                 if decision.to == ApprovalStatus::Approved && current.approvers_needed > 1 {
-                    let who = actor.to_string();
                     match &current.first_approver {
                         // The first of two: recorded; the approval still waits.
                         None => {
-                            let row = Sql::<Self>::query(
-                                        "UPDATE approvals SET first_approver = $1, first_approved_at = $2
-                                         WHERE id = $3 AND status = $4 AND first_approver IS NULL RETURNING *",
-                                    )
-                                    .bind(&who)
-                                    .bind(now)
-                                    .bind(decision.approval_id)
-                                    .bind(ApprovalStatus::Pending.as_str())
-                                    .fetch_one(&mut *tx)
-                                    .await
-                                    .map_err(db)?;
-                            Sql::<Self>::append_event(
-                                &mut tx,
-                                EventLine {
-                                    run_id: Some(current.run_id),
-                                    entity: EventEntity::Approval,
-                                    entity_id: Some(current.id),
-                                    actor,
-                                    from: Some(ApprovalStatus::Pending.as_str()),
-                                    to: Some(ApprovalStatus::Pending.as_str()),
-                                    detail: Some(format!(
-                                        "approved, 1 of {}: a second, different approver decides{}",
-                                        current.approvers_needed,
-                                        decision
-                                            .note
-                                            .as_deref()
-                                            .map(|n| format!(" ({n})"))
-                                            .unwrap_or_default()
-                                    )),
-                                    at: now,
-                                },
+                            let row = Sql::<Self>::record_first_approval(
+                                &mut tx, &current, &decision, actor, now,
                             )
                             .await?;
                             Sql::<Self>::commit(tx).await?;

@@ -770,6 +770,51 @@ where
         }
     }
 
+    /// The first of two approvers (the two-person rule): their name and
+    /// time on the approval, which stays pending, and the audit line.
+    pub(crate) async fn record_first_approval(
+        conn: &mut DbConn<D>,
+        current: &Approval,
+        decision: &Decision,
+        actor: &Actor,
+        now: DateTime<Utc>,
+    ) -> StoreResult<DbRow<D>> {
+        let row = Self::query(
+            "UPDATE approvals SET first_approver = $1, first_approved_at = $2
+             WHERE id = $3 AND status = $4 AND first_approver IS NULL RETURNING *",
+        )
+        .bind(actor.to_string())
+        .bind(now)
+        .bind(decision.approval_id)
+        .bind(ApprovalStatus::Pending.as_str())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+        let note = decision
+            .note
+            .as_deref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
+        Self::append_event(
+            conn,
+            EventLine {
+                run_id: Some(current.run_id),
+                entity: EventEntity::Approval,
+                entity_id: Some(current.id),
+                actor,
+                from: Some(ApprovalStatus::Pending.as_str()),
+                to: Some(ApprovalStatus::Pending.as_str()),
+                detail: Some(format!(
+                    "approved, 1 of {}: a second, different approver decides{note}",
+                    current.approvers_needed
+                )),
+                at: now,
+            },
+        )
+        .await?;
+        Ok(row)
+    }
+
     pub(crate) async fn commit(tx: sqlx::Transaction<'_, D::Db>) -> StoreResult<()> {
         tx.commit().await.map_err(db)
     }
