@@ -15,7 +15,7 @@ export default defineConfig({
   outputDir: './test-results',
   projects: [
     { name: 'sign-in', testMatch: /sign-in\.spec\.ts/, use: { baseURL: `http://127.0.0.1:${port}` } },
-    { name: 'dashboard', testMatch: /dashboard\.spec\.ts/, use: { baseURL: `http://127.0.0.1:${demoPort}` } },
+    { name: 'dashboard', testMatch: /(at-a-glance|dashboard)\.spec\.ts/, use: { baseURL: `http://127.0.0.1:${demoPort}` } },
   ],
   use: {
     launchOptions: {

@@ -90,7 +90,7 @@ async function approveFlow(page: Page, request: APIRequestContext) {
   const { run } = await stagePivot(request, 'approve flow');
   await signIn(page, 'lead');
   await page.goto(`/runs/${run}`);
-  await expect(page.getByRole('heading', { name: /Pivot: approve flow/ })).toBeVisible();
+  await expect(page.getByRole('heading', { name: /Waiting for your decision: approve flow/ })).toBeVisible();
   await expect(page.getByText('capture_payment').first()).toBeVisible();
   await page.getByRole('button', { name: 'Approve' }).click();
   await expect(page.getByText(/approved by lead at/)).toBeVisible();
@@ -114,7 +114,7 @@ async function sendCorrectionFlow(page: Page, request: APIRequestContext) {
   await page.goto('/corrections');
   const card = page.locator('li.correction').filter({ has: page.locator(`a[href="/runs/${run}"]`) });
   await expect(card).toBeVisible();
-  const key = await card.locator('code').innerText();
+  const key = (await card.locator('code.key').textContent())!;
   await card.getByLabel('Message (edit before sending)').fill('We refunded the 15.00 charge we made by mistake. Sorry!');
   await card.getByRole('button', { name: 'Send' }).click();
   await expect(page.getByRole('status')).toContainText('sent to alan@example.com');
@@ -224,16 +224,19 @@ test('a lead fixes a sentence of the email before approving, and the email sent 
   expect(problems).toEqual([]);
 });
 
-test('rejecting a pivot unwinds the staged steps', async ({ page, request }) => {
+test('rejecting a pivot with a reason unwinds the staged steps and tells the agent why', async ({ page, request }) => {
   const problems = watchForErrors(page);
   const { run, draftKey, holdRef } = await stagePivot(request, 'reject flow');
   await signIn(page, 'lead');
   await page.goto(`/runs/${run}`);
+  await expect(page.locator('section.pivot .if-reject')).toContainText('release the card hold');
+  await page.getByLabel(/Why you reject/).fill('the customer asked for store credit instead');
   await page.getByRole('button', { name: 'Reject' }).click();
   await expect(page.getByText(/rejected by lead at/)).toBeVisible();
 
   const view = await api(request, 'GET', `/runs/${run}`);
   expect(view.run.status).toBe('UNWOUND');
+  expect(view.pivot.note).toContain('the customer asked for store credit instead');
   const deleted = (await ledger(request, SIM.orders)).filter((e) => e.action === 'draft.deleted' && e.key === draftKey);
   expect(deleted).toHaveLength(1);
   const canceled = (await ledger(request, SIM.stripe)).filter((e) => e.action === 'payment_intent.canceled' && e.object === holdRef);
@@ -249,7 +252,7 @@ test('a lead edits and sends a correction; another is dismissed with a reason an
   await page.goto('/corrections');
   await page.screenshot({ path: 'test-results/inbox.png', fullPage: true });
   const card = page.locator('li.correction').filter({ has: page.locator(`a[href="/runs/${run}"]`) });
-  const key = await card.locator('code').innerText();
+  const key = (await card.locator('code.key').textContent())!;
   await card.getByLabel('Reason to dismiss').fill('the customer was told by phone');
   await card.getByRole('button', { name: 'Dismiss' }).click();
   await expect(page.getByRole('status')).toContainText('dismissed');
@@ -265,7 +268,7 @@ test('a viewer sees the pivot but cannot approve it, not even by a hand-made req
   const { run } = await stagePivot(request, 'viewer flow');
   await signIn(page, 'viewer');
   await page.goto(`/runs/${run}`);
-  await expect(page.getByRole('heading', { name: /Pivot: viewer flow/ })).toBeVisible();
+  await expect(page.getByRole('heading', { name: /Waiting for your decision: viewer flow/ })).toBeVisible();
   await expect(page.getByRole('button', { name: 'Approve' })).toHaveCount(0);
   await expect(page.getByText('Only an approver can decide this pivot.')).toBeVisible();
 
@@ -287,7 +290,7 @@ test('the runs list puts waiting runs first', async ({ page }) => {
     await expect(page.getByRole('link', { name: "Grace's lamp was lost in transit" })).toBeVisible({ timeout: 1000 });
   }).toPass({ timeout: 30_000 });
   const first = page.locator('table.runs tbody tr').first();
-  await expect(first.locator('.status')).toHaveText(/AWAITING_APPROVAL|STEP_HELD/);
+  await expect(first.locator('.status')).toHaveText(/^(waiting for approval|a step waits for approval)$/);
   await page.screenshot({ path: 'test-results/runs-list.png', fullPage: true });
 });
 
@@ -300,10 +303,16 @@ test('a person answers a question and the commit that waited carries on', async 
     await expect(link).toBeVisible({ timeout: 1000 });
   }).toPass({ timeout: 30_000 });
   await link.click();
-  await expect(page.getByRole('heading', { name: 'Needs a person' })).toBeVisible();
+  // First on the page: what is uncertain, how to check, and what each answer does.
+  const question = page.locator('section.attention');
+  await expect(page.getByRole('heading', { name: 'Needs a person' })).toBeInViewport();
+  await expect(question).toContainText('Nobody can tell whether this happened: Email ada@example.com: “Your replacement kettle”.');
+  await expect(question).toContainText('How to check: Search the sent mail for the subject “Your replacement kettle” to ada@example.com');
+  await expect(question.locator('dl.answers')).toContainText('It happened: It is recorded as done, and the rest of the approved plan runs.');
+  await expect(question.locator('dl.answers')).toContainText('It did not happen: It is sent again under the same key');
   await page.getByRole('button', { name: 'It happened', exact: true }).click();
   await expect(page.getByRole('status').first()).toContainText('Recorded: step 0 happened.');
-  await expect(page.locator('.run-head .status')).toHaveText('COMPLETED');
+  await expect(page.locator('.run-head summary.status')).toHaveText('done');
   expect(problems).toEqual([]);
 });
 
@@ -350,12 +359,12 @@ test('a correction whose send was cut off waits for a person, who says it went o
   await page.goto('/corrections');
   const card = page.locator('li.correction').filter({ has: page.locator(`a[href="/runs/${run}"]`) });
   await expect(card).toBeVisible();
-  const key = await card.locator('code').innerText();
+  const key = (await card.locator('code.key').textContent())!;
   // The mail server takes the message, then drops the line before its reply.
   const fault = await request.post(`${SIM.mailbox}/_sim/faults`, { data: { drop_after_data: 1 } });
   expect(fault.status()).toBe(204);
   await card.getByRole('button', { name: 'Send', exact: true }).click();
-  await expect(page.getByRole('status')).toContainText('its send is UNKNOWN');
+  await expect(page.getByRole('status')).toContainText('its send is unknown');
   await expect(card.getByText('Did this correction reach its recipients?')).toBeVisible();
   // SMTP has no lookup; asking again cannot settle it.
   await card.getByRole('button', { name: 'Ask the system again' }).click();

@@ -147,9 +147,9 @@ async fn decision(engine: &Engine, slack: &SlackApprovals, press: &Press) -> Res
     };
     if !user.role.can_decide() {
         return Err(format!(
-            "{cannot}: {} is a {}; only an approver or an admin may decide.",
+            "{cannot}: {} is {}; only an approver or an admin may decide.",
             user.username,
-            user.role.as_str()
+            user.role.with_article()
         ));
     }
     let approval = match engine.store().approval(approval_id).await {

@@ -6,7 +6,7 @@
 //! reason.
 
 use super::{Notice, TopBar};
-use crate::saga::status::{CorrectionStatus, StepStatus};
+use crate::saga::status::{CorrectionStatus, InWords, StepStatus};
 use leptos::prelude::*;
 use leptos_meta::Title;
 use leptos_router::hooks::use_query_map;
@@ -30,6 +30,8 @@ pub struct InboxItem {
     pub message: String,
     pub key: String,
     pub age: String,
+    /// Why the run was taken back, and by whom: why this correction exists.
+    pub why: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -53,7 +55,7 @@ pub fn InboxPage() -> impl IntoView {
             <Suspense fallback=|| view! { <p>"Loading corrections…"</p> }>
                 <ErrorBoundary fallback=|errors| view! {
                     <p class="error" role="alert">
-                        {move || errors.get().into_iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>().join("; ")}
+                        {move || errors.get().into_iter().map(|(_, e)| super::error_words(&e)).collect::<Vec<_>>().join("; ")}
                     </p>
                 }>
                     {move || Suspend::new(async move { inbox.await.map(inbox_view) })}
@@ -63,15 +65,47 @@ pub fn InboxPage() -> impl IntoView {
     }
 }
 
+/// Who saw the original effect, as a heading says it.
+fn audience_heading(audience: &str) -> &'static str {
+    match audience {
+        "public" => "The public",
+        "customer" => "Customers",
+        "partner" => "Partners",
+        "finance" => "Finance",
+        _ => "The team",
+    }
+}
+
 fn inbox_view(inbox: Inbox) -> AnyView {
     if inbox.items.is_empty() {
         return view! { <p class="empty">"Nothing to sign off. Corrections appear here when an unwind reverses something people outside the team saw."</p> }.into_any();
     }
     let may = inbox.may_decide;
+    // The queue comes ranked; each audience keeps its place in the rank.
+    let mut groups: Vec<(String, Vec<InboxItem>)> = Vec::new();
+    for item in inbox.items {
+        match groups
+            .iter_mut()
+            .find(|(audience, _)| *audience == item.audience)
+        {
+            Some((_, items)) => items.push(item),
+            None => groups.push((item.audience.clone(), vec![item])),
+        }
+    }
     view! {
-        <ol class="inbox">
-            {inbox.items.into_iter().map(|item| correction_card(item, may)).collect_view()}
-        </ol>
+        <nav class="groups" aria-label="Audiences">
+            {groups.iter().map(|(audience, items)| view! {
+                <a href=format!("#audience-{audience}")>{audience_heading(audience)} " · " {items.len()}</a>
+            }).collect_view()}
+        </nav>
+        {groups.into_iter().map(|(audience, items)| view! {
+            <section class="audience-group" id=format!("audience-{audience}")>
+                <h2>{audience_heading(&audience)} " · " {items.len()} {if items.len() == 1 { " correction" } else { " corrections" }}</h2>
+                <ol class="inbox">
+                    {items.into_iter().map(|item| correction_card(item, may)).collect_view()}
+                </ol>
+            </section>
+        }).collect_view()}
     }
     .into_any()
 }
@@ -85,21 +119,22 @@ fn correction_card(item: InboxItem, may: bool) -> impl IntoView {
     view! {
         <li class=format!("panel correction audience-{}", item.audience) id=format!("correction-{}", item.id)>
             <div class="call-head">
-                <span class=format!("badge audience-{}", item.audience)>{item.audience.clone()}</span>
-                <span class=super::status_class(item.status.as_str())>{item.status.as_str()}</span>
+                <span class=super::status_class(item.status.as_str()) title=item.status.as_str()>{item.status.in_words()}</span>
                 {item.send_status.map(|s| {
                     let class = super::status_class(s.as_str());
-                    view! { <span class=class>"send " {s.as_str()}</span> }
+                    view! { <span class=class title=s.as_str()>"sending: " {s.in_words()}</span> }
                 })}
                 <span class="muted">{item.age.clone()} " ago"</span>
             </div>
-            <h2>
-                "Correcting step " {item.step_idx} " (" {item.tool.clone()} ") of "
+            <h3>
+                {item.effect.clone()}
+                " · "
                 <a href=format!("/runs/{}", item.run_id)>{item.run_title.clone()}</a>
-            </h2>
-            <p>"Original effect: " {item.effect.clone()}</p>
+            </h3>
+            {item.why.clone().map(|why| view! { <p class="why-line">"Why: the run was taken back: " {why}</p> })}
             <details class="exact">
-                <summary>"Exact arguments of the original"</summary>
+                <summary>"Technical details"</summary>
+                <p class="muted">"Step " {item.step_idx} " · " <code>{item.tool.clone()}</code> " · correction key " <code class="key">{item.key.clone()}</code></p>
                 <pre class="args">{item.effect_args.clone()}</pre>
             </details>
             <p>"To: " <strong>{if item.recipients.is_empty() { "nobody yet".to_owned() } else { item.recipients.join(", ") }}</strong></p>
@@ -135,7 +170,6 @@ fn correction_card(item: InboxItem, may: bool) -> impl IntoView {
             } else {
                 view! { <blockquote>{item.message.clone()}</blockquote> }.into_any()
             }}
-            <p class="muted">"Key " <code>{item.key.clone()}</code></p>
         </li>
     }
 }
@@ -185,6 +219,12 @@ pub async fn corrections_inbox() -> Result<Inbox, ServerFnError> {
         .await
         .map_err(super::ssr::internal)?;
     let now = chrono::Utc::now();
+    let runs: Vec<uuid::Uuid> = queue.iter().map(|q| q.correction.run_id).collect();
+    let reasons = state
+        .store
+        .unwind_reasons(&runs)
+        .await
+        .map_err(super::ssr::internal)?;
     let mut items = Vec::with_capacity(queue.len());
     for queued in queue {
         let c = queued.correction;
@@ -193,20 +233,22 @@ pub async fn corrections_inbox() -> Result<Inbox, ServerFnError> {
             .as_ref()
             .map(|o| state.registry.in_words(&o.tool, &o.args, None));
         let reference = |o: &crate::saga::model::OriginalEffect| {
-            o.external_ref.clone().unwrap_or_else(|| "none".into())
+            super::lead_reference(o.external_ref.as_deref())
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
         };
         let effect = match (&queued.original, &words, c.source) {
             (Some(original), Some(words), crate::saga::model::CorrectionSource::Step) => format!(
-                "“{}” ran and cannot be taken back (reference {})",
+                "“{}”{} went out and cannot be taken back",
                 words.sentence,
                 reference(original)
             ),
             (Some(original), Some(words), crate::saga::model::CorrectionSource::Compensation) => {
                 format!(
-                    "“{}” was reversed by the unwind after {} saw it (reference {})",
+                    "“{}”{} was reversed after {} saw it",
                     words.sentence,
-                    c.audience.as_str(),
-                    reference(original)
+                    reference(original),
+                    audience_heading(c.audience.as_str()).to_lowercase()
                 )
             }
             _ => "the step is missing from the log".into(),
@@ -226,6 +268,10 @@ pub async fn corrections_inbox() -> Result<Inbox, ServerFnError> {
             message: c.message.clone(),
             key: c.idempotency_key.clone(),
             age: super::ssr::age(now - c.created_at),
+            why: reasons.get(&c.run_id).map(|event| {
+                let why = super::run::ssr::unwind_why_of(event);
+                format!("{} ({}, {})", why.reason, why.by, why.at)
+            }),
         });
     }
     Ok(Inbox {
@@ -261,8 +307,11 @@ pub async fn send_correction(id: i64, message: String) -> Result<(), ServerFnErr
             Some(crate::saga::status::StepStatus::Confirmed) => {
                 format!("Correction #{id} sent to {}.", c.recipients.join(", "))
             }
-            Some(other) => format!("Correction #{id} signed off; its send is {other}."),
-            None => format!("Correction #{id} is {}.", c.status.as_str()),
+            Some(other) => format!(
+                "Correction #{id} signed off; its send is {}.",
+                other.in_words()
+            ),
+            None => format!("Correction #{id} is {}.", c.status.in_words()),
         }),
     )
     .await;

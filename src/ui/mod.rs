@@ -173,7 +173,7 @@ pub fn TopBar() -> impl IntoView {
                     <Suspense>
                         {move || Suspend::new(async move {
                             counts.await.ok().filter(|c| c.awaiting > 0).map(|c| view! {
-                                <span class="count" title="awaiting approval">{c.awaiting}</span>
+                                <span class="count" title="waiting for a person: approvals and questions">{c.awaiting}</span>
                             })
                         })}
                     </Suspense>
@@ -279,6 +279,31 @@ pub fn textarea_text(text: String) -> String {
     }
 }
 
+/// A failed page's error as a person reads it: the server's sentence,
+/// without the wire format's `ServerError|` prefix.
+pub fn error_words(error: &leptos::error::Error) -> String {
+    let text = error.to_string();
+    match text.split_once('|') {
+        Some((kind, said)) if kind.ends_with("Error") && !kind.contains(' ') => said.to_owned(),
+        _ => text,
+    }
+}
+
+/// A system's reference as a lead may read it: none when it is made of
+/// the harness's own key (an email's Message-ID `<key@…>`), which belongs
+/// with the technical details, not in a sentence.
+pub fn lead_reference(reference: Option<&str>) -> Option<String> {
+    let reference = reference?;
+    let mut run = 0;
+    for c in reference.chars() {
+        run = if c.is_ascii_hexdigit() { run + 1 } else { 0 };
+        if run >= 32 {
+            return None;
+        }
+    }
+    Some(reference.to_owned())
+}
+
 /// The CSS class of a status badge: `status status-awaiting-approval`.
 pub fn status_class(status: &str) -> String {
     format!("status status-{}", status.to_lowercase().replace('_', "-"))
@@ -287,6 +312,7 @@ pub fn status_class(status: &str) -> String {
 /// Counts shown in the navigation.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Waiting {
+    /// Runs waiting for a person: an approval or an answer.
     pub awaiting: i64,
     pub corrections: i64,
 }
@@ -463,7 +489,17 @@ pub async fn nav_counts() -> Result<Waiting, ServerFnError> {
         .pending_approvals()
         .await
         .map_err(ssr::internal)?;
-    let awaiting: std::collections::HashSet<_> = approvals.iter().map(|a| a.run_id).collect();
+    // Everything that waits for a person: a decision or an answer.
+    let mut awaiting: std::collections::HashSet<_> = approvals.iter().map(|a| a.run_id).collect();
+    awaiting.extend(
+        state
+            .store
+            .runs_with_status(&[crate::saga::status::RunStatus::NeedsAttention])
+            .await
+            .map_err(ssr::internal)?
+            .into_iter()
+            .map(|run| run.id),
+    );
     let corrections = state
         .store
         .correction_queue()
@@ -578,9 +614,9 @@ pub mod ssr {
             return Err(refused(
                 StatusCode::FORBIDDEN,
                 format!(
-                    "{} is a {}: only an approver or an admin may do this.",
+                    "{} is {}: only an approver or an admin may do this.",
                     user.username,
-                    user.role.as_str()
+                    user.role.with_article()
                 ),
             ));
         }

@@ -183,9 +183,9 @@ pub async fn operations_figures() -> Result<OperationsView, ServerFnError> {
         return Err(super::ssr::refused(
             axum::http::StatusCode::FORBIDDEN,
             format!(
-                "{} is a {}: the operators' page is for admins.",
+                "{} is {}: the operators' page is for admins.",
                 user.username,
-                user.role.as_str()
+                user.role.with_article()
             ),
         ));
     }

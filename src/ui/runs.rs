@@ -1,9 +1,9 @@
 //! The runs list: runs waiting for approval first, then those that need a
-//! person, then the rest, newest first; filtered by status, a page at a
-//! time.
+//! person, then the rest, newest first; filtered by status, searched by
+//! label, purpose, agent or customer, a page at a time.
 
 use super::{Notice, TopBar};
-use crate::saga::status::RunStatus;
+use crate::saga::status::{InWords, RunStatus};
 use leptos::prelude::*;
 use leptos_meta::Title;
 use leptos_router::hooks::use_query_map;
@@ -16,6 +16,7 @@ pub const PAGE_SIZE: i64 = 50;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunRow {
     pub id: String,
+    pub label: Option<String>,
     pub agent: String,
     pub purpose: String,
     pub status: RunStatus,
@@ -27,6 +28,8 @@ pub struct RunRow {
     /// For a waiting run, what the wait is: its deadline, whether it was
     /// escalated, how many approvers it still needs.
     pub waiting: Option<String>,
+    /// Why a run was taken back, and by whom.
+    pub unwound: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -41,6 +44,7 @@ pub struct RunsList {
 pub fn RunsPage() -> impl IntoView {
     let query = use_query_map();
     let status = move || query.read().get("status").filter(|s| !s.is_empty());
+    let search = move || query.read().get("q").unwrap_or_default();
     let page = move || {
         query
             .read()
@@ -50,8 +54,8 @@ pub fn RunsPage() -> impl IntoView {
     };
     let live = super::live_tick();
     let runs = Resource::new(
-        move || (status(), page(), live.get()),
-        |(status, page, _)| list_runs(status, page),
+        move || (status(), search(), page(), live.get()),
+        |(status, search, page, _)| list_runs(status, search, page),
     );
     view! {
         <Title text="Runs · Saga Harness"/>
@@ -59,33 +63,37 @@ pub fn RunsPage() -> impl IntoView {
         <main class="page">
             <div class="title-row">
                 <h1>"Runs"</h1>
-                <form method="get" action="/" class="filter">
+                <form method="get" action="/" class="filter" role="search">
+                    <label>
+                        "Search "
+                        <input type="search" name="q" value=search placeholder="label, customer, purpose"/>
+                    </label>
                     <label>
                         "Status "
                         <select name="status">
                             <option value="" selected=move || status().is_none()>"all"</option>
                             {RunStatus::ALL.iter().map(|s| {
-                                let s = s.as_str();
+                                let s = *s;
                                 view! {
-                                    <option value=s selected=move || status().as_deref() == Some(s)>
-                                        {s.to_lowercase().replace('_', " ")}
+                                    <option value=s.as_str() selected=move || status().as_deref() == Some(s.as_str())>
+                                        {s.in_words()}
                                     </option>
                                 }
                             }).collect_view()}
                         </select>
                     </label>
-                    <button type="submit">"Filter"</button>
+                    <button type="submit">"Show"</button>
                 </form>
             </div>
             <Notice query/>
             <Suspense fallback=|| view! { <p>"Loading runs…"</p> }>
                 <ErrorBoundary fallback=|errors| view! {
                     <p class="error" role="alert">
-                        {move || errors.get().into_iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>().join("; ")}
+                        {move || errors.get().into_iter().map(|(_, e)| super::error_words(&e)).collect::<Vec<_>>().join("; ")}
                     </p>
                 }>
                     {move || Suspend::new(async move {
-                        runs.await.map(|list| runs_table(list, status()))
+                        runs.await.map(|list| runs_table(list, status(), search()))
                     })}
                 </ErrorBoundary>
             </Suspense>
@@ -93,46 +101,65 @@ pub fn RunsPage() -> impl IntoView {
     }
 }
 
-fn runs_table(list: RunsList, status: Option<String>) -> AnyView {
+fn runs_table(list: RunsList, status: Option<String>, search: String) -> AnyView {
     if list.rows.is_empty() {
+        if !search.is_empty() || status.is_some() {
+            return view! { <p class="empty">"No run matches. " <a href="/">"Show every run"</a></p> }
+                .into_any();
+        }
         return view! {
             <p class="empty">"No runs yet. A run appears here as soon as an agent starts one through the API."</p>
         }
         .into_any();
     }
-    let link = move |page: i64| match &status {
-        Some(s) => format!("/?status={s}&page={page}"),
-        None => format!("/?page={page}"),
+    let link = move |page: i64| {
+        let mut query = vec![format!("page={page}")];
+        if let Some(s) = &status {
+            query.push(format!("status={s}"));
+        }
+        if !search.is_empty() {
+            query.push(format!(
+                "q={}",
+                percent_encoding::utf8_percent_encode(&search, percent_encoding::NON_ALPHANUMERIC)
+            ));
+        }
+        format!("/?{}", query.join("&"))
     };
     view! {
         <table class="runs">
             <thead>
                 <tr>
                     <th>"Status"</th>
+                    <th>"Run"</th>
                     <th>"Agent"</th>
-                    <th>"Purpose"</th>
                     <th>"Age"</th>
                     <th class="num">"Steps"</th>
-                    <th class="num" title="Irreversible steps run before the pivot (goal: 0)">"Irrev. before pivot"</th>
+                    <th class="num" title="Steps that cannot be undone which ran before anyone approved (goal: 0)">"Unapproved, final"</th>
                 </tr>
             </thead>
             <tbody>
                 {list.rows.into_iter().map(|row| {
                     // A held single step waits for a person too, in a run
                     // that is otherwise running.
-                    let shown = if row.awaiting_approval && row.status != RunStatus::AwaitingApproval {
-                        "STEP_HELD"
+                    let held = row.awaiting_approval && row.status != RunStatus::AwaitingApproval;
+                    let (words, constant) = if held {
+                        ("a step waits for approval", row.status.as_str())
                     } else {
-                        row.status.as_str()
+                        (row.status.in_words(), row.status.as_str())
                     };
+                    let status_class = if held { "status-awaiting-approval".to_owned() } else { super::status_class(constant) };
                     view! {
-                        <tr class:attention=row.awaiting_approval>
+                        <tr class:attention=row.awaiting_approval || row.status == RunStatus::NeedsAttention>
                             <td>
-                                <span class=super::status_class(shown)>{shown}</span>
+                                <span class=status_class title=constant>{words}</span>
                                 {row.waiting.map(|w| view! { <span class="waiting muted">{w}</span> })}
                             </td>
+                            <td class="purpose-cell">
+                                <a href=format!("/runs/{}", row.id)>{row.purpose}</a>
+                                {row.label.map(|label| view! { <span class="muted label">{label}</span> })}
+                                {row.unwound.map(|why| view! { <span class="why-line">"Taken back: " {why}</span> })}
+                            </td>
                             <td>{row.agent}</td>
-                            <td><a href=format!("/runs/{}", row.id)>{row.purpose}</a></td>
                             <td>{row.age}</td>
                             <td class="num">{row.steps}</td>
                             <td class="num" class:bad=row.irreversible_before_pivot.gt(&0)>{row.irreversible_before_pivot}</td>
@@ -151,7 +178,11 @@ fn runs_table(list: RunsList, status: Option<String>) -> AnyView {
 }
 
 #[server(endpoint = "runs")]
-pub async fn list_runs(status: Option<String>, page: i64) -> Result<RunsList, ServerFnError> {
+pub async fn list_runs(
+    status: Option<String>,
+    search: String,
+    page: i64,
+) -> Result<RunsList, ServerFnError> {
     super::ssr::signed_in().await?;
     let state = super::ssr::app_state()?;
     let wanted = match status.as_deref() {
@@ -160,7 +191,13 @@ pub async fn list_runs(status: Option<String>, page: i64) -> Result<RunsList, Se
         })?),
         None => None,
     };
-    ssr::list(state.store.as_ref(), wanted, page)
+    if search.len() > 200 {
+        return Err(super::ssr::refused(
+            axum::http::StatusCode::BAD_REQUEST,
+            "A search is at most 200 bytes.",
+        ));
+    }
+    ssr::list(state.store.as_ref(), wanted, &search, page)
         .await
         .map_err(super::ssr::internal)
 }
@@ -235,27 +272,44 @@ pub mod ssr {
     pub async fn list(
         store: &dyn SagaStore,
         wanted: Option<RunStatus>,
+        search: &str,
         page: i64,
     ) -> Result<RunsList, StoreError> {
-        let first = store.runs_page(wanted, 0, PAGE_SIZE).await?;
+        let first = store.runs_page(wanted, search, 0, PAGE_SIZE).await?;
         let pages = ((first.total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
         let page = page.clamp(1, pages);
         let shown = if page == 1 {
             first
         } else {
             store
-                .runs_page(wanted, (page - 1) * PAGE_SIZE, PAGE_SIZE)
+                .runs_page(wanted, search, (page - 1) * PAGE_SIZE, PAGE_SIZE)
                 .await?
         };
         let now = chrono::Utc::now();
         let waits = waits(store, &shown.runs, now).await?;
+        let taken_back: Vec<uuid::Uuid> = shown
+            .runs
+            .iter()
+            .filter(|(run, _)| matches!(run.status, RunStatus::Unwinding | RunStatus::Unwound))
+            .map(|(run, _)| run.id)
+            .collect();
+        let reasons = store.unwind_reasons(&taken_back).await?;
         let rows = shown
             .runs
             .into_iter()
             .map(|(run, waiting): (Run, bool)| RunRow {
                 awaiting_approval: waiting,
                 waiting: waits.get(&run.id).cloned(),
+                unwound: reasons.get(&run.id).map(|event| {
+                    let why = crate::ui::run::ssr::unwind_why_of(event);
+                    format!(
+                        "{} ({})",
+                        crate::saga::words::shorten(&why.reason, 160),
+                        why.by
+                    )
+                }),
                 id: run.id.to_string(),
+                label: run.label,
                 agent: run.agent,
                 // A list shows the start of each purpose; the run page has it all.
                 purpose: crate::saga::words::shorten(&run.purpose, 120),

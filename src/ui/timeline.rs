@@ -4,23 +4,41 @@
 //! before it and the ones committed after it.
 
 use super::run::sheet::{CorrectionLine, StepView};
+use crate::saga::status::{CorrectionStatus, InWords, StepStatus};
 use leptos::prelude::*;
 
 const LANE: i32 = 44;
 const TOP: i32 = 34;
 const LABEL_W: i32 = 210;
-const COLUMNS: [&str; 5] = ["intent", "outcome", "learned by", "way back", "correction"];
+const COLUMNS: [&str; 5] = [
+    "asked",
+    "what came back",
+    "how we know",
+    "taken back",
+    "correction",
+];
 const COL_W: i32 = 150;
 
-/// The colour of a status: the same meanings as the badges.
-fn colour(status: &str) -> &'static str {
+/// The colour of a step's status, the same meanings as the badges: done
+/// is green, taken back is violet (an undone step is not a success),
+/// refused red, unknown amber, waiting blue, nothing happened grey.
+fn colour(status: StepStatus) -> &'static str {
     match status {
-        "CONFIRMED" | "COMPENSATED" | "COMPLETED" | "SENT" => "#1e7a46",
-        "FAILED" | "REJECTED" => "#b42318",
-        "UNKNOWN" => "#b54708",
-        "INTENDED" | "AWAITING_APPROVAL" | "PENDING" | "APPROVED" => "#175cd3",
-        "NOT_EXECUTED" | "DISMISSED" => "#667085",
-        _ => "#667085",
+        StepStatus::Confirmed => "#1e7a46",
+        StepStatus::Compensated => "#6941c6",
+        StepStatus::Failed | StepStatus::Rejected => "#b42318",
+        StepStatus::Unknown => "#b54708",
+        StepStatus::Intended | StepStatus::AwaitingApproval => "#175cd3",
+        StepStatus::NotExecuted => "#667085",
+    }
+}
+
+/// A correction's colour: sent is done, waiting is blue.
+fn correction_colour(status: CorrectionStatus) -> &'static str {
+    match status {
+        CorrectionStatus::Sent => "#1e7a46",
+        CorrectionStatus::Pending | CorrectionStatus::Approved => "#175cd3",
+        CorrectionStatus::Dismissed => "#667085",
     }
 }
 
@@ -53,12 +71,14 @@ pub fn Timeline(steps: Vec<StepView>, corrections: Vec<CorrectionLine>) -> impl 
         view! {
             <g class="pivot-line">
                 <line x1="0" y1=y x2=width y2=y stroke="#1f3a5f" stroke-width="2" stroke-dasharray="6 4"/>
-                <text x="4" y=y - 4 font-size="11" fill="#1f3a5f" font-weight="700">"PIVOT: approved commit steps below"</text>
+                <text x="4" y=y - 4 font-size="11" fill="#1f3a5f" font-weight="700">"Approval: the steps below ran after a person approved"</text>
             </g>
         }
     });
     view! {
         <figure class="timeline">
+            <p class="scroll-cue muted" aria-hidden="true">"Scroll sideways for the whole chart →"</p>
+            <div class="timeline-scroll" tabindex="0" role="region" aria-label="The saga log chart">
             <svg
                 viewBox=format!("0 0 {width} {height}")
                 width="100%"
@@ -67,12 +87,15 @@ pub fn Timeline(steps: Vec<StepView>, corrections: Vec<CorrectionLine>) -> impl 
                 xmlns="http://www.w3.org/2000/svg"
             >
                 {COLUMNS.iter().enumerate().map(|(col, name)| view! {
-                    <text x=x(col) y="16" font-size="11" text-anchor="middle" fill="#5b6678">{name.to_uppercase()}</text>
+                    <text x=x(col) y="16" font-size="12" text-anchor="middle" fill="#5b6678">{*name}</text>
                 }).collect_view()}
                 {lanes}
                 {pivot_line}
             </svg>
-            <figcaption class="muted">"Each lane is one step; colours follow status. Hover a mark for details."</figcaption>
+            </div>
+            <figcaption class="muted">
+                "Each lane is one step: green done, violet taken back, red refused, amber unknown, blue waiting, grey did not happen. Each step's full account is in the list below."
+            </figcaption>
         </figure>
     }
     .into_any()
@@ -86,51 +109,51 @@ fn lane(
 ) -> impl IntoView {
     let label = format!("{} · {}", step.idx, step.tool);
     let badges = format!("{} · {}", step.class, step.audience);
-    let status = step.status.as_str();
+    let status = step.status;
     let learned = step.reconciled.clone().map(|how| {
         let short = if how.starts_with("answered") {
             "a person"
         } else {
-            "lookup"
+            "looked up"
         };
         (short.to_owned(), how)
     });
     let compensation = step.compensation.clone();
+    let account = step.account.clone();
     view! {
         <g class="lane">
+            <title>{account}</title>
             <line x1=x(0) y1=y x2=x(4) y2=y stroke="#d9dee7" stroke-width="2"/>
             <text x="4" y=y - 3 font-size="13" font-weight="600" fill="#1d2430">{label}</text>
-            <text x="4" y=y + 12 font-size="10" fill="#5b6678">{badges}</text>
-            <circle cx=x(0) cy=y r="6" fill="#175cd3"><title>{format!("intent written, key {}", step.key)}</title></circle>
+            <text x="4" y=y + 12 font-size="11" fill="#5b6678">{badges}</text>
+            <circle cx=x(0) cy=y r="6" fill="#175cd3"><title>"Written to the log before it was sent"</title></circle>
             <line x1=x(0) y1=y x2=x(1) y2=y stroke=colour(status) stroke-width="3"/>
-            <rect x=x(1) - 55 y=y - 11 width="110" height="22" rx="11" fill=colour(status)>
-                <title>{step.error.clone().unwrap_or_else(|| step.external_ref.clone().unwrap_or_default())}</title>
-            </rect>
-            <text x=x(1) y=y + 4 font-size="10" text-anchor="middle" fill="#fff" font-weight="700">{status}</text>
+            <rect x=x(1) - 60 y=y - 11 width="120" height="22" rx="11" fill=colour(status)/>
+            <text x=x(1) y=y + 4 font-size="11" text-anchor="middle" fill="#fff" font-weight="700">{status.in_words()}</text>
             {learned.map(|(short, how)| view! {
                 <g>
                     <circle cx=x(2) cy=y r="9" fill="#fff" stroke="#b54708" stroke-width="2"><title>{how}</title></circle>
-                    <text x=x(2) y=y + 24 font-size="10" text-anchor="middle" fill="#b54708">{short}</text>
+                    <text x=x(2) y=y + 24 font-size="11" text-anchor="middle" fill="#b54708">{short}</text>
                 </g>
             })}
             {compensation.map(|c| view! {
                 <g>
-                    <path d=format!("M {} {} L {} {}", x(1) + 55, y, x(3) - 50, y) stroke=colour(c.status.as_str()) stroke-width="2" marker-end="none"/>
-                    <rect x=x(3) - 50 y=y - 11 width="100" height="22" rx="4" fill="#fff" stroke=colour(c.status.as_str()) stroke-width="2">
-                        <title>{format!("{} (key {}) {}", c.tool, c.key, c.error.clone().unwrap_or_default())}</title>
+                    <path d=format!("M {} {} L {} {}", x(1) + 60, y, x(3) - 55, y) stroke=colour(c.status) stroke-width="2" marker-end="none"/>
+                    <rect x=x(3) - 55 y=y - 11 width="110" height="22" rx="4" fill="#fff" stroke=colour(c.status) stroke-width="2">
+                        <title>{c.sentence.clone()}</title>
                     </rect>
-                    <text x=x(3) y=y + 4 font-size="10" text-anchor="middle" fill=colour(c.status.as_str())>{c.status.as_str()}</text>
+                    <text x=x(3) y=y + 4 font-size="11" text-anchor="middle" fill=colour(c.status)>{c.status.in_words()}</text>
                 </g>
             })}
             {correction.map(|c| view! {
                 <g>
                     <polygon
                         points=format!("{},{} {},{} {},{} {},{}", x(4), y - 11, x(4) + 11, y, x(4), y + 11, x(4) - 11, y)
-                        fill=colour(c.status.as_str())
+                        fill=correction_colour(c.status)
                     >
-                        <title>{format!("correction #{} to {} ({})", c.id, c.recipients, c.audience)}</title>
+                        <title>{format!("correction to {} ({})", c.recipients, c.audience)}</title>
                     </polygon>
-                    <text x=x(4) y=y + 24 font-size="10" text-anchor="middle" fill="#5b6678">{c.status.as_str()}</text>
+                    <text x=x(4) y=y + 24 font-size="11" text-anchor="middle" fill="#5b6678">{c.status.in_words()}</text>
                 </g>
             })}
         </g>

@@ -330,10 +330,17 @@ impl SagaStore for CrashingStore {
     async fn runs_page(
         &self,
         status: Option<RunStatus>,
+        search: &str,
         offset: i64,
         limit: i64,
     ) -> StoreResult<saga_harness::saga::store::RunsPage> {
-        self.inner.runs_page(status, offset, limit).await
+        self.inner.runs_page(status, search, offset, limit).await
+    }
+    async fn unwind_reasons(
+        &self,
+        runs: &[Uuid],
+    ) -> StoreResult<std::collections::HashMap<Uuid, Event>> {
+        self.inner.unwind_reasons(runs).await
     }
     async fn recent_events(&self, limit: i64) -> StoreResult<Vec<Event>> {
         self.inner.recent_events(limit).await

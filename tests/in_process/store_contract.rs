@@ -191,7 +191,7 @@ async fn the_runs_list_puts_waiting_runs_first_and_pages(store: Store) {
         .await
         .unwrap();
     let plain_new = new_run(&store, Some("new")).await;
-    let page = store.runs_page(None, 0, 10).await.unwrap();
+    let page = store.runs_page(None, "", 0, 10).await.unwrap();
     let order: Vec<(Uuid, bool)> = page.runs.iter().map(|(r, w)| (r.id, *w)).collect();
     assert_eq!(
         order,
@@ -203,11 +203,11 @@ async fn the_runs_list_puts_waiting_runs_first_and_pages(store: Store) {
         ]
     );
     assert_eq!(page.total, 4);
-    let second = store.runs_page(None, 2, 2).await.unwrap();
+    let second = store.runs_page(None, "", 2, 2).await.unwrap();
     assert_eq!(second.runs.len(), 2);
     assert_eq!(second.runs[0].0.id, plain_new.id);
     let running = store
-        .runs_page(Some(RunStatus::Running), 0, 10)
+        .runs_page(Some(RunStatus::Running), "", 0, 10)
         .await
         .unwrap();
     assert_eq!(running.total, 2);
@@ -1536,8 +1536,89 @@ async fn an_edit_replaces_a_waiting_plan_only_if_it_is_the_one_edited(store: Sto
     );
 }
 
+async fn runs_are_found_by_label_purpose_agent_or_an_argument(store: Store) {
+    let grace = new_run(&store, Some("ticket-77")).await;
+    store
+        .record_step(
+            NewStep {
+                args: json!({"customer": "cus_Grace", "amount": 3200}),
+                ..step(
+                    &grace,
+                    0,
+                    "stripe.charge",
+                    ToolClass::Compensatable,
+                    StepStatus::Intended,
+                )
+            },
+            &agent(),
+        )
+        .await
+        .unwrap();
+    let (percent, _) = store
+        .create_run(NewRun {
+            agent: "billing-bot".into(),
+            label: Some("refund 100% of ord_5".into()),
+            purpose: "a full refund".into(),
+        })
+        .await
+        .unwrap();
+    let other = new_run(&store, Some("ticket-78")).await;
+    let found = |search: &'static str| {
+        let store = store.clone();
+        async move {
+            let page = store.runs_page(None, search, 0, 10).await.unwrap();
+            assert_eq!(page.total as usize, page.runs.len(), "{search}");
+            let mut ids: Vec<Uuid> = page.runs.into_iter().map(|(r, _)| r.id).collect();
+            ids.sort();
+            ids
+        }
+    };
+    let sorted = |mut ids: Vec<Uuid>| {
+        ids.sort();
+        ids
+    };
+    // A customer's id in a call's arguments, in any case.
+    assert_eq!(found("CUS_grace").await, vec![grace.id]);
+    assert_eq!(found("ticket-7").await, sorted(vec![grace.id, other.id]));
+    assert_eq!(found("billing").await, vec![percent.id]);
+    // LIKE's wildcards are taken as the characters they are.
+    assert_eq!(found("100%").await, vec![percent.id]);
+    assert_eq!(found("0%").await, vec![percent.id]);
+    assert!(found("ticket_7").await.is_empty());
+    assert_eq!(found("  ").await.len(), 3, "a blank search finds every run");
+    // The status filter and the search together.
+    let running = store
+        .runs_page(Some(RunStatus::Unwound), "ticket", 0, 10)
+        .await
+        .unwrap();
+    assert_eq!(running.total, 0);
+}
+
+async fn an_unwinds_reason_is_found_per_run(store: Store) {
+    let unwound = new_run(&store, None).await;
+    let never = new_run(&store, None).await;
+    store
+        .move_run(
+            unwound.id,
+            RunStatus::Running,
+            RunStatus::Unwinding,
+            &lead(),
+            Some("charged the wrong customer"),
+        )
+        .await
+        .unwrap();
+    let reasons = store.unwind_reasons(&[unwound.id, never.id]).await.unwrap();
+    assert_eq!(reasons.len(), 1);
+    let why = &reasons[&unwound.id];
+    assert_eq!(why.detail.as_deref(), Some("charged the wrong customer"));
+    assert_eq!(why.actor, lead());
+    assert!(store.unwind_reasons(&[]).await.unwrap().is_empty());
+}
+
 common::on_both_backends!(
     contract_store;
+    runs_are_found_by_label_purpose_agent_or_an_argument,
+    an_unwinds_reason_is_found_per_run,
     runs_are_created_once_per_agent_label,
     the_runs_list_puts_waiting_runs_first_and_pages,
     r3_steps_take_the_next_index_in_order,

@@ -9,65 +9,107 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const TOKEN: &str = "sh_demo_test_token";
+const PASSWORD: &str = "correct horse battery";
+
+/// A demo started on free ports, with what it printed.
+struct Demo {
+    child: std::process::Child,
+    port: u16,
+    text: String,
+    /// Each story's run id, by label.
+    runs: HashMap<String, String>,
+    /// Each simulator's address, by name.
+    sims: HashMap<String, String>,
+}
+
+impl Demo {
+    async fn start(dir: &std::path::Path) -> Demo {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_saga-harness"))
+            .args([
+                "demo",
+                "--bind",
+                &format!("127.0.0.1:{port}"),
+                "--first-port",
+                "0",
+            ])
+            .arg("--database")
+            .arg(dir.join("demo.db"))
+            .env("SAGA_DEMO_TOKEN", TOKEN)
+            .env("SAGA_DEMO_PASSWORD", PASSWORD)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the demo starts");
+        let stdout = child.stdout.take().unwrap();
+        let lines = tokio::task::spawn_blocking(move || {
+            let mut lines = Vec::new();
+            for line in BufReader::new(stdout).lines() {
+                let line = line.unwrap();
+                let done = line.starts_with("stop with Ctrl-C");
+                lines.push(line);
+                if done {
+                    break;
+                }
+            }
+            lines
+        });
+        let lines = tokio::time::timeout(Duration::from_secs(120), lines)
+            .await
+            .expect("the demo finishes staging within two minutes")
+            .unwrap();
+        // "  run LABEL ID" and "  simulator NAME URL"
+        let mut runs = HashMap::new();
+        let mut sims = HashMap::new();
+        for line in &lines {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["run", label, id] => {
+                    runs.insert(label.to_string(), id.to_string());
+                }
+                ["simulator", name, url] => {
+                    sims.insert(name.to_string(), url.to_string());
+                }
+                _ => {}
+            }
+        }
+        Demo {
+            child,
+            port,
+            text: lines.join("\n"),
+            runs,
+            sims,
+        }
+    }
+
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
 
 #[tokio::test]
 async fn the_demo_leaves_the_four_stories_visible_through_the_api() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_saga-harness"))
-        .args([
-            "demo",
-            "--bind",
-            &format!("127.0.0.1:{port}"),
-            "--first-port",
-            "0",
-        ])
-        .arg("--database")
-        .arg(dir.path().join("demo.db"))
-        .env("SAGA_DEMO_TOKEN", TOKEN)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("the demo starts");
-    let stdout = child.stdout.take().unwrap();
-    let lines = tokio::task::spawn_blocking(move || {
-        let mut lines = Vec::new();
-        for line in BufReader::new(stdout).lines() {
-            let line = line.unwrap();
-            let done = line.starts_with("stop with Ctrl-C");
-            lines.push(line);
-            if done {
-                break;
-            }
-        }
-        lines
-    });
-    let lines = tokio::time::timeout(Duration::from_secs(120), lines)
-        .await
-        .expect("the demo finishes staging within two minutes")
-        .unwrap();
-    let text = lines.join("\n");
+    let demo = Demo::start(dir.path()).await;
+    let (port, text, runs, sims) = (
+        demo.port,
+        demo.text.clone(),
+        demo.runs.clone(),
+        demo.sims.clone(),
+    );
     assert!(text.contains("sign in as admin"), "{text}");
-    // "  run LABEL ID" and "  simulator NAME URL"
-    let mut runs = HashMap::new();
-    let mut sims = HashMap::new();
-    for line in &lines {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            ["run", label, id] => {
-                runs.insert(label.to_string(), id.to_string());
-            }
-            ["simulator", name, url] => {
-                sims.insert(name.to_string(), url.to_string());
-            }
-            _ => {}
-        }
-    }
     let http = reqwest::Client::new();
     let run = |label: &str| {
         let id = runs[label].clone();
@@ -139,8 +181,7 @@ async fn the_demo_leaves_the_four_stories_visible_through_the_api() {
         "the corrected email and the dropped one; no apology: {mails:?}"
     );
 
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(demo);
 
     // The inbox the demo leaves, by who each letter is addressed to: the
     // kettle's charge was made without a receipt, so finance hears of its
@@ -178,4 +219,163 @@ async fn the_demo_leaves_the_four_stories_visible_through_the_api() {
             "a letter to a customer who never saw the charge: {queued:?}"
         );
     }
+}
+
+/// What a lead reads: the page's visible text with the technical-details
+/// disclosures (exact arguments and keys, the arguments' editor) and the
+/// constants folded under each status's words taken out.
+fn lead_reads(html: &str) -> String {
+    let mut kept = String::with_capacity(html.len());
+    let mut rest = html;
+    const TECHNICAL: [&str; 3] = [
+        r#"<details class="exact">"#,
+        r#"<details class="edit-step">"#,
+        r#"</summary><code>"#,
+    ];
+    while let Some(cut) = TECHNICAL.iter().filter_map(|o| rest.find(o)).min() {
+        kept.push_str(&rest[..cut]);
+        let Some(end) = rest[cut..].find("</details>") else {
+            break;
+        };
+        rest = &rest[cut + end + "</details>".len()..];
+    }
+    kept.push_str(rest);
+    crate::common::visible_text(&kept)
+}
+
+/// Whether the text shows a run or step status constant or a key (32
+/// hex characters, or 8 and an ellipsis as a sentence once cut one).
+fn shows_constant_or_key(text: &str) -> Option<String> {
+    use saga_harness::saga::status::{RunStatus, StepStatus};
+    for constant in RunStatus::ALL
+        .iter()
+        .map(|s| s.as_str())
+        .chain(StepStatus::ALL.iter().map(|s| s.as_str()))
+        .filter(|c| c.contains('_') || c.len() > 6)
+    {
+        if text.contains(constant) {
+            return Some(constant.to_owned());
+        }
+    }
+    let hex = |c: char| c.is_ascii_hexdigit() && !c.is_ascii_uppercase();
+    let chars: Vec<char> = text.chars().collect();
+    for start in 0..chars.len() {
+        let run = chars[start..].iter().take_while(|c| hex(**c)).count();
+        let cut_key = run == 8 && chars.get(start + 8) == Some(&'…');
+        if (run >= 32 || cut_key) && (start == 0 || !hex(chars[start - 1])) {
+            return Some(chars[start..start + run.max(8)].iter().collect());
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn a_lead_reads_each_demo_run_in_words_without_constants_or_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Demo::start(dir.path()).await;
+    let base = demo.base();
+    let lead = crate::common::process::Dashboard::new();
+    lead.sign_in(&base, "lead", PASSWORD).await;
+
+    // The pivot: the money, the people, the systems, both consequences,
+    // and the customer's email as they will read it; opened by its label.
+    let page = lead.page(&base, "/runs/demo-reship-lamp").await;
+    let read = lead_reads(&page);
+    for said in [
+        "Waiting for your decision",
+        "+$32.00 captured",
+        "−$5.00 refunded",
+        "+$27.00 net",
+        "$32.00 held on the card now",
+        "grace@example.com",
+        "Stripe",
+        "If you approve, in this order:",
+        "If you reject: nothing in the plan is sent; what the run staged is taken back (delete the ticket draft; delete the email draft; release the card hold)",
+        "What the customer will read",
+        "Your replacement lamp",
+        "A new lamp ships today; the shipping fee is refunded.",
+    ] {
+        assert!(read.contains(said), "the pivot page lacks {said:?}: {read}");
+    }
+    // The hold is named by what it is, never by its key.
+    assert!(
+        read.contains("Capture $32.00 from the card hold pi_"),
+        "{read}"
+    );
+    assert_eq!(shows_constant_or_key(&read), None, "{read}");
+    // Approve comes before the plan's details, right after the summary.
+    let approve = page.find(">Approve<").expect("an Approve button");
+    assert!(approve < page.find("What approval runs").unwrap());
+
+    // Needs a person: what is uncertain, how to check, what each answer does.
+    let page = lead.page(&base, "/runs/demo-needs-attention").await;
+    let read = lead_reads(&page);
+    for said in [
+        "Needs a person",
+        "Nobody can tell whether this happened: Email ada@example.com: “Your replacement kettle”. Connection reset after the request was sent.",
+        "How to check: Search the sent mail for the subject “Your replacement kettle” to ada@example.com",
+        "It happened: It is recorded as done, and the rest of the approved plan runs.",
+        "It did not happen: It is sent again under the same key",
+    ] {
+        assert!(read.contains(said), "the question lacks {said:?}: {read}");
+    }
+    assert!(
+        page.find("Needs a person").unwrap() < page.find("The plan:").unwrap(),
+        "the question comes before the finished pivot"
+    );
+
+    // An unwound run says why at the top; so does the runs list.
+    let page = lead.page(&base, "/runs/demo-email-correction").await;
+    let read = lead_reads(&page);
+    assert!(
+        read.contains("Taken back: no refund was made for these mugs: the email promised one"),
+        "{read}"
+    );
+    assert!(read.contains("Started by admin"), "{read}");
+    assert_eq!(shows_constant_or_key(&read), None, "{read}");
+    let incident = lead_reads(&lead.page(&base, "/runs/demo-incident-kettle").await);
+    assert!(incident.contains("Taken back:"), "{incident}");
+    assert!(incident.contains("taken back"), "{incident}");
+    assert!(
+        incident.contains("the harness looked it up in Jira by its key: it had happened (SUP-"),
+        "the ticket's account says how the harness found out: {incident}"
+    );
+    assert_eq!(shows_constant_or_key(&incident), None, "{incident}");
+
+    let list = lead_reads(&lead.page(&base, "/").await);
+    assert!(list.contains("waiting for approval"), "{list}");
+    assert!(list.contains("needs a person"), "{list}");
+    assert!(
+        list.contains("Taken back: no refund was made for these mugs"),
+        "{list}"
+    );
+    assert_eq!(shows_constant_or_key(&list), None, "{list}");
+    // Search by customer: only the lamp's run holds cus_grace.
+    let found = lead_reads(&lead.page(&base, "/?q=cus_grace").await);
+    assert!(
+        found.contains("Grace's lamp was lost in transit"),
+        "{found}"
+    );
+    assert!(!found.contains("Tell Alan"), "{found}");
+
+    // The inbox, grouped by who saw the original, each card with its why.
+    let inbox = lead_reads(&lead.page(&base, "/corrections").await);
+    assert!(inbox.contains("Customers · 1 correction"), "{inbox}");
+    assert!(inbox.contains("Finance · 2 corrections"), "{inbox}");
+    assert!(
+        inbox.find("Customers ·").unwrap() < inbox.find("Finance ·").unwrap(),
+        "customers rank above finance: {inbox}"
+    );
+    assert!(
+        inbox.contains("Why: the run was taken back: no refund was made for these mugs"),
+        "{inbox}"
+    );
+
+    // The audit trail names the run of each line.
+    let audit = lead_reads(&lead.page(&base, "/audit").await);
+    assert!(audit.contains("demo-email-correction"), "{audit}");
+    assert!(
+        audit.contains("waiting for approval → carrying out the approved plan"),
+        "{audit}"
+    );
 }

@@ -110,6 +110,16 @@ pub enum Role {
 }
 
 impl Role {
+    /// The role with its article, for a sentence: "an approver", "a viewer".
+    pub fn with_article(self) -> String {
+        let name = self.as_str();
+        if name.starts_with(['a', 'e', 'i', 'o', 'u']) {
+            format!("an {name}")
+        } else {
+            format!("a {name}")
+        }
+    }
+
     /// Approving, rejecting, answering questions and signing off corrections.
     pub fn can_decide(self) -> bool {
         self >= Role::Approver

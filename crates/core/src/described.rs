@@ -5,7 +5,9 @@
 
 use super::class::{Audience, ToolClass};
 use super::registry::{Registry, ToolSpec};
-use super::words::{fill_display, is_deceptive, names, plain, recipients, visible, CallInWords};
+use super::words::{
+    fill_display_among, is_deceptive, names, plain, recipients, visible, CallInWords, Referents,
+};
 use serde_json::Value;
 
 /// The people or places an effect reaches, from the arguments that
@@ -49,16 +51,31 @@ impl Registry {
     /// A call in words; `way_back` is the one written for it (R6), if
     /// any. A tool the file no longer declares reads as its name.
     pub fn in_words(&self, tool: &str, args: &Value, way_back: Option<&Value>) -> CallInWords {
+        self.in_words_among(tool, args, way_back, &Referents::new())
+    }
+
+    /// A call in words within its run: an argument that is an earlier
+    /// step's key reads as what that step made (`known`).
+    pub fn in_words_among(
+        &self,
+        tool: &str,
+        args: &Value,
+        way_back: Option<&Value>,
+        known: &Referents,
+    ) -> CallInWords {
         let spec = self.get(tool);
         let sentence = match spec.and_then(|s| s.display.as_deref()) {
-            Some(template) => fill_display(template, args),
+            Some(template) => fill_display_among(template, args, known),
             None => default_sentence(tool, args),
         };
         let (sentence, hidden_in_sentence) = visible(&sentence);
         let pretty = serde_json::to_string_pretty(args).unwrap_or_default();
         let (exact, hidden_in_args) = visible(&pretty);
-        let (if_undone, hidden_in_way_back) =
-            visible(&self.if_undone(way_back, spec.map_or(ToolClass::Irreversible, |s| s.class)));
+        let (if_undone, hidden_in_way_back) = visible(&self.if_undone_among(
+            way_back,
+            spec.map_or(ToolClass::Irreversible, |s| s.class),
+            known,
+        ));
         CallInWords {
             tool: tool.to_owned(),
             sentence,
@@ -78,6 +95,16 @@ impl Registry {
     /// The way back in words: the undo or compensation read through
     /// its own tool's display template, or who a correction goes to.
     pub fn if_undone(&self, way_back: Option<&Value>, class: ToolClass) -> String {
+        self.if_undone_among(way_back, class, &Referents::new())
+    }
+
+    /// As [`Registry::if_undone`], naming earlier steps by what they made.
+    pub fn if_undone_among(
+        &self,
+        way_back: Option<&Value>,
+        class: ToolClass,
+        known: &Referents,
+    ) -> String {
         let Some(way) = way_back.filter(|w| !w.is_null()) else {
             return match class {
                 ToolClass::Pure => "Nothing to undo".into(),
@@ -103,12 +130,52 @@ impl Registry {
             Some(_) => {
                 let tool = way["tool"].as_str().unwrap_or_default();
                 let sentence = match self.get(tool).and_then(|s| s.display.as_deref()) {
-                    Some(template) => fill_display(template, &way["args"]),
+                    Some(template) => fill_display_among(template, &way["args"], known),
                     None => default_sentence(tool, &way["args"]),
                 };
                 format!("If undone: {}", lower_first(&sentence))
             }
             None => format!("If undone: {way}"),
+        }
+    }
+}
+
+impl Registry {
+    /// How a person checks by hand whether this call took effect: the
+    /// tool's `check` template filled in, or where to look by default.
+    pub fn check_in_words(&self, tool: &str, args: &Value, key: &str, known: &Referents) -> String {
+        match self.get(tool).and_then(|s| s.check.as_deref()) {
+            Some(template) => {
+                visible(&fill_display_among(
+                    &template.replace("{key}", key),
+                    args,
+                    known,
+                ))
+                .0
+            }
+            None => format!(
+                "Look in {} for what this call would have made; its key is under the call's \
+                 technical details.",
+                self.system_of(tool)
+            ),
+        }
+    }
+
+    /// The system a tool's calls reach, as a lead names it ("Stripe",
+    /// "Jira", "the mail server", "warehouse").
+    pub fn system_of(&self, tool: &str) -> String {
+        let connector = self.get(tool).map_or(tool, |s| s.connector.as_str());
+        let mut parts = connector.split('.');
+        let first = parts.next().unwrap_or(connector);
+        match first {
+            "stripe" => "Stripe".to_owned(),
+            "jira" => "Jira".to_owned(),
+            "zendesk" => "Zendesk".to_owned(),
+            "slack" => "Slack".to_owned(),
+            "smtp" => "the mail server".to_owned(),
+            // An upstream MCP server or a declared HTTP API: its own name.
+            "mcp" | "http" => parts.next().unwrap_or(first).to_owned(),
+            other => other.to_owned(),
         }
     }
 }
@@ -263,6 +330,49 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(bad.contains("unknown filter `dollars`"), "{bad}");
+    }
+
+    #[test]
+    fn an_earlier_steps_key_reads_as_what_that_step_made() {
+        let registry = Registry::from_toml(TOOLS).unwrap();
+        let args = json!({"intent_key": "083bf4aa91c2d3e4", "amount": 3200, "currency": "usd"});
+        let way_back = registry
+            .get("capture_payment")
+            .unwrap()
+            .way_back("k", &args)
+            .unwrap();
+        let known: Referents =
+            [("083bf4aa91c2d3e4".to_owned(), "pi_3Q9 (step 5)".to_owned())].into();
+        let words = registry.in_words_among("capture_payment", &args, way_back.as_ref(), &known);
+        assert_eq!(
+            words.sentence,
+            "Capture $32.00 from the hold pi_3Q9 (step 5)"
+        );
+        assert!(!words.sentence.contains("083bf4aa"));
+        // Unknown keys still read as before.
+        let words = registry.in_words("capture_payment", &args, None);
+        assert_eq!(words.sentence, "Capture $32.00 from the hold 083bf4aa…");
+    }
+
+    #[test]
+    fn a_tools_check_tells_a_person_where_to_look_and_is_validated() {
+        let tools = format!(
+            "{TOOLS}\ncheck = \"Search the sent mail for “{{args.subject}}” (Message-ID <{{key}}@saga-harness>)\"\n"
+        );
+        let registry = Registry::from_toml(&tools).unwrap();
+        let args = json!({"to": "ada@example.com", "subject": "Your kettle"});
+        assert_eq!(
+            registry.check_in_words("send_email", &args, "k1", &Referents::new()),
+            "Search the sent mail for “Your kettle” (Message-ID <k1@saga-harness>)"
+        );
+        // Without a check, where to look, never the key itself.
+        let default = registry.check_in_words("refund", &args, "k1", &Referents::new());
+        assert!(default.starts_with("Look in Stripe"), "{default}");
+        assert!(!default.contains("k1"), "{default}");
+        let bad = format!("{TOOLS}\ncheck = \"Search for {{args.subject|upper}}\"\n");
+        let refused = Registry::from_toml(&bad).unwrap_err().to_string();
+        assert!(refused.contains("check"), "{refused}");
+        assert!(refused.contains("unknown filter `upper`"), "{refused}");
     }
 
     #[test]

@@ -137,6 +137,27 @@ impl Engine {
         person: &Actor,
         via: Via,
     ) -> Result<Run, Refusal> {
+        self.decide_pivot_because(approval_id, digest, approve, person, via, None)
+            .await
+    }
+
+    /// As [`Engine::decide_pivot`], with the person's reason, which the
+    /// approval's note (what the agent is told) and the audit line keep.
+    pub async fn decide_pivot_because(
+        &self,
+        approval_id: i64,
+        digest: &str,
+        approve: bool,
+        person: &Actor,
+        via: Via,
+        reason: Option<&str>,
+    ) -> Result<Run, Refusal> {
+        let reason = reason.map(str::trim).filter(|r| !r.is_empty());
+        let noted = |via: Via| match (via.note(), reason) {
+            (Some(note), Some(reason)) => Some(format!("{note}: {reason}")),
+            (None, Some(reason)) => Some(reason.to_owned()),
+            (note, None) => note,
+        };
         let approval = self.pivot_approval(approval_id).await?;
         let run_id = approval.run_id;
         let expired = approval.status == ApprovalStatus::Pending
@@ -150,9 +171,9 @@ impl Engine {
                 Some("past its deadline: nobody decided".to_owned()),
             )
         } else if approve {
-            (ApprovalStatus::Approved, RunStatus::Committing, via.note())
+            (ApprovalStatus::Approved, RunStatus::Committing, noted(via))
         } else {
-            (ApprovalStatus::Rejected, RunStatus::Rejected, via.note())
+            (ApprovalStatus::Rejected, RunStatus::Rejected, noted(via))
         };
         {
             let _serialised = self.serialise(run_id).await?;

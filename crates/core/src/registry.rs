@@ -115,6 +115,12 @@ pub struct ToolSpec {
     /// `{args.FIELD}` and `{args.FIELD|money}` (`|recipients`, `|short`)
     /// placeholders: "Capture {args.amount|money} from the hold".
     pub display: Option<String>,
+    /// How a person checks by hand whether a call of this tool took
+    /// effect, when no system could say (R7): "Search the sent mail for the
+    /// subject “{args.subject}”". The display placeholders, and `{key}` for
+    /// the step's key.
+    #[serde(default)]
+    pub check: Option<String>,
     /// What the tool does, for the model choosing it (an upstream MCP
     /// server's own description when the tools file gives none).
     #[serde(default)]
@@ -203,6 +209,7 @@ impl ToolSpec {
             settle_ms: default_settle_ms(),
             schema: Some(tool.schema),
             display: None,
+            check: None,
             description: tool.description,
             approval_deadline: None,
             two_people: false,
@@ -1051,6 +1058,13 @@ fn template_mistakes(spec: &ToolSpec) -> Vec<FieldMistake> {
         .and_then(super::words::display_problem)
     {
         say("display", &problem);
+    }
+    if let Some(problem) = spec
+        .check
+        .as_deref()
+        .and_then(|check| super::words::display_problem(&check.replace("{key}", "")))
+    {
+        say("check", &problem);
     }
     // R6: a way back is filled in before the call, from the key and the
     // arguments; any other placeholder could never be filled, and every

@@ -245,6 +245,66 @@ pub fn check_approval_transition(
     }
 }
 
+/// What a lead reads for a status: the state in plain words ("done",
+/// "taken back", "waiting for you"). The constant stays the engineers'
+/// (`as_str`), one click away on every page that shows these words.
+pub trait InWords {
+    fn in_words(self) -> &'static str;
+}
+
+impl InWords for StepStatus {
+    fn in_words(self) -> &'static str {
+        match self {
+            StepStatus::AwaitingApproval => "waiting for you",
+            StepStatus::Intended => "being sent",
+            StepStatus::Confirmed => "done",
+            StepStatus::Failed => "refused",
+            StepStatus::Unknown => "unknown: being checked",
+            StepStatus::NotExecuted => "did not happen",
+            StepStatus::Rejected => "rejected",
+            StepStatus::Compensated => "taken back",
+        }
+    }
+}
+
+impl InWords for RunStatus {
+    fn in_words(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::AwaitingApproval => "waiting for approval",
+            RunStatus::Committing => "carrying out the approved plan",
+            RunStatus::Completed => "done",
+            RunStatus::Rejected => "rejected",
+            RunStatus::Unwinding => "being taken back",
+            RunStatus::Unwound => "taken back",
+            RunStatus::NeedsAttention => "needs a person",
+        }
+    }
+}
+
+impl InWords for ApprovalStatus {
+    fn in_words(self) -> &'static str {
+        match self {
+            ApprovalStatus::Pending => "waiting for you",
+            ApprovalStatus::Approved => "approved",
+            ApprovalStatus::Rejected => "rejected",
+            ApprovalStatus::Superseded => "replaced by a newer plan",
+            ApprovalStatus::Expired => "expired: nobody decided",
+        }
+    }
+}
+
+impl InWords for CorrectionStatus {
+    fn in_words(self) -> &'static str {
+        match self {
+            CorrectionStatus::Pending => "waiting for sign-off",
+            CorrectionStatus::Approved => "signed off, being sent",
+            CorrectionStatus::Sent => "sent",
+            CorrectionStatus::Dismissed => "dismissed",
+        }
+    }
+}
+
 names! {
     StepStatus: "step status",
     RunStatus: "run status",
@@ -255,6 +315,30 @@ names! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lead never reads a constant where words belong: each status has
+    /// words of its own, different from its constant.
+    #[test]
+    fn every_status_has_words_that_are_not_its_constant() {
+        fn check<S: InWords + Copy + Into<&'static str>>(all: &[S]) {
+            let mut seen = std::collections::HashSet::new();
+            for s in all {
+                let words = s.in_words();
+                let constant: &str = (*s).into();
+                // Never the constant's form: no underscores, no capitals.
+                assert!(!words.contains('_'), "{words}");
+                assert_eq!(words, words.to_lowercase(), "{constant}");
+                if constant.contains('_') {
+                    assert_ne!(words, constant.to_lowercase().replace('_', " "));
+                }
+                assert!(seen.insert(words), "two statuses read {words:?}");
+            }
+        }
+        check(&StepStatus::ALL);
+        check(&RunStatus::ALL);
+        check(&ApprovalStatus::ALL);
+        check(&CorrectionStatus::ALL);
+    }
 
     /// Every pair is checked, so a new arrow in the diagram is a deliberate
     /// change to this list.

@@ -225,12 +225,24 @@ pub trait SagaStore: Send + Sync + 'static {
     /// One page of runs for people: those awaiting approval (a pivot, or a
     /// held single step) first, then those needing a person, then the rest,
     /// newest first; optionally only one status.
+    ///
+    /// `search`, unless empty, keeps the runs whose label, purpose or agent
+    /// contains it, or any of whose calls' arguments do (a customer's id or
+    /// address), ignoring case.
     async fn runs_page(
         &self,
         status: Option<RunStatus>,
+        search: &str,
         offset: i64,
         limit: i64,
     ) -> StoreResult<RunsPage>;
+    /// Why each of these runs is being or was taken back: the audit line
+    /// that moved it to UNWINDING (who, when, and the reason in its detail).
+    /// Runs never unwound are absent.
+    async fn unwind_reasons(
+        &self,
+        runs: &[Uuid],
+    ) -> StoreResult<std::collections::HashMap<Uuid, Event>>;
     /// Every run in one of these statuses, oldest first (resume, sweeps).
     async fn runs_with_status(&self, statuses: &[RunStatus]) -> StoreResult<Vec<Run>>;
     /// Moves a run; entering NEEDS_ATTENTION remembers where it was, and

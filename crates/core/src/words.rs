@@ -133,6 +133,11 @@ pub fn shorten(text: &str, max_chars: usize) -> String {
     }
 }
 
+/// What earlier steps' keys stand for, in a lead's words: a step's key
+/// maps to its system's reference ("pi_3Q… (step 5)") or to "of step 5"
+/// while no reference is known. A sentence names the thing, never the key.
+pub type Referents = std::collections::HashMap<String, String>;
+
 /// The filters a display template may apply to an argument:
 /// `{args.amount|money}`, `{args.to|recipients}`, `{args.key|short}`.
 pub const FILTERS: [&str; 3] = ["money", "recipients", "short"];
@@ -219,7 +224,14 @@ mod ssr {
     /// Fills a display template from the call's arguments; an argument the
     /// call does not have reads "(no FIELD)", so a missing value shows.
     pub fn fill_display(template: &str, args: &Value) -> String {
-        fill_placeholders(template, args, false)
+        fill_placeholders(template, args, false, &Referents::new())
+    }
+
+    /// As [`fill_display`], naming what an argument refers to where it is
+    /// the key of an earlier step ("the card hold pi_3… (step 5)" rather
+    /// than the key itself).
+    pub fn fill_display_among(template: &str, args: &Value, known: &Referents) -> String {
+        fill_placeholders(template, args, false, known)
     }
 
     /// Fills only the `{args.FIELD|filter}` placeholders of a text (a
@@ -227,10 +239,15 @@ mod ssr {
     ///
     /// [`fill`]: crate::registry::fill
     pub fn fill_filtered(template: &str, args: &Value) -> String {
-        fill_placeholders(template, args, true)
+        fill_placeholders(template, args, true, &Referents::new())
     }
 
-    fn fill_placeholders(template: &str, args: &Value, only_filtered: bool) -> String {
+    fn fill_placeholders(
+        template: &str,
+        args: &Value,
+        only_filtered: bool,
+        known: &Referents,
+    ) -> String {
         let mut out = String::new();
         let mut done = 0;
         for placeholder in placeholders(template).map_while(Result::ok) {
@@ -247,8 +264,10 @@ mod ssr {
             let value = args
                 .pointer(&format!("/{}", field.replace('.', "/")))
                 .filter(|v| !v.is_null());
+            let referent = value.and_then(Value::as_str).and_then(|v| known.get(v));
             out.push_str(&match (value, filter) {
                 (None, _) => format!("(no {field})"),
+                (Some(_), _) if referent.is_some() => referent.cloned().unwrap_or_default(),
                 (Some(v), "money") => match v.as_i64() {
                     Some(minor) => money(
                         minor,

@@ -113,6 +113,24 @@ macro_rules! outcome_cas {
 }
 pub(crate) use outcome_cas;
 
+/// A `LIKE` pattern for text that contains `search` (lower-cased, its
+/// own `%`, `_` and `\\` taken literally); '' for no search.
+pub(crate) fn like_pattern(search: &str) -> String {
+    let search = search.trim().to_lowercase();
+    if search.is_empty() {
+        return String::new();
+    }
+    let mut pattern = String::from("%");
+    for c in search.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push('%');
+    pattern
+}
+
 /// `$first, …` for `n` values, for an `IN (…)` list.
 pub(crate) fn placeholders(first: usize, n: usize) -> String {
     (first..first + n)
@@ -429,12 +447,21 @@ macro_rules! saga_store_over_dialect {
             async fn runs_page(
                 &self,
                 status: Option<RunStatus>,
+                search: &str,
                 offset: i64,
                 limit: i64,
             ) -> StoreResult<RunsPage> {
-                // '' matches every status: one statement for both backends.
+                // '' matches every status and every run: one statement for
+                // both backends.
                 let wanted = status.map(|s| s.as_str()).unwrap_or("");
-                let rows = Sql::<Self>::query(
+                let pattern = like_pattern(search);
+                const MATCHES: &str = "($1 = '' OR runs.status = $1)
+                     AND ($2 = '' OR LOWER(COALESCE(runs.label, '')) LIKE $2 ESCAPE '\\'
+                          OR LOWER(runs.purpose) LIKE $2 ESCAPE '\\'
+                          OR LOWER(runs.agent) LIKE $2 ESCAPE '\\'
+                          OR EXISTS (SELECT 1 FROM saga_log s WHERE s.run_id = runs.id
+                                     AND LOWER(CAST(s.args AS TEXT)) LIKE $2 ESCAPE '\\'))";
+                let rows = Sql::<Self>::query(&format!(
                     "SELECT runs.*, CAST(CASE
                                  WHEN runs.status = 'AWAITING_APPROVAL' OR EXISTS (
                                      SELECT 1 FROM approvals
@@ -443,11 +470,12 @@ macro_rules! saga_store_over_dialect {
                                  WHEN runs.status = 'NEEDS_ATTENTION' THEN 1
                                  ELSE 2 END AS BIGINT) AS waiting_rank
                              FROM runs
-                             WHERE ($1 = '' OR runs.status = $1)
+                             WHERE {MATCHES}
                              ORDER BY waiting_rank, runs.created_at DESC, runs.id
-                             LIMIT $2 OFFSET $3",
-                )
+                             LIMIT $3 OFFSET $4"
+                ))
                 .bind(wanted)
+                .bind(&pattern)
                 .bind(limit)
                 .bind(offset)
                 .fetch_all(&mut *self.read_conn().await?)
@@ -460,13 +488,46 @@ macro_rules! saga_store_over_dialect {
                         .map_err(|e| corrupt("waiting_rank", e))?;
                     runs.push((Sql::<Self>::run_from(row)?, rank == 0));
                 }
-                let total: i64 =
-                    Sql::<Self>::query_scalar("SELECT COUNT(*) FROM runs WHERE ($1 = '' OR status = $1)")
-                        .bind(wanted)
-                        .fetch_one(&mut *self.read_conn().await?)
-                        .await
-                        .map_err(db)?;
+                let total: i64 = Sql::<Self>::query_scalar(&format!(
+                    "SELECT COUNT(*) FROM runs WHERE {MATCHES}"
+                ))
+                .bind(wanted)
+                .bind(&pattern)
+                .fetch_one(&mut *self.read_conn().await?)
+                .await
+                .map_err(db)?;
                 Ok(RunsPage { runs, total })
+            }
+
+            async fn unwind_reasons(
+                &self,
+                runs: &[Uuid],
+            ) -> StoreResult<std::collections::HashMap<Uuid, Event>> {
+                if runs.is_empty() {
+                    return Ok(Default::default());
+                }
+                let sql = format!(
+                    "SELECT * FROM events WHERE entity = 'run' AND to_status = 'UNWINDING'
+                       AND run_id IN ({}) ORDER BY id",
+                    placeholders(1, runs.len())
+                );
+                let mut query = Sql::<Self>::query(&sql);
+                for run in runs {
+                    query = query.bind(run.to_string());
+                }
+                let rows = query
+                    .fetch_all(&mut *self.read_conn().await?)
+                    .await
+                    .map_err(db)?;
+                let mut reasons = std::collections::HashMap::new();
+                for row in &rows {
+                    let event = Sql::<Self>::event_from(row)?;
+                    // Oldest first: a later unwind's line replaces an earlier one.
+                    if let Some(run) = event.run_id {
+                        reasons.insert(run, event);
+                    }
+                }
+                Ok(reasons)
             }
 
             async fn stale_steps(

@@ -8,7 +8,14 @@ use super::*;
 pub async fn run_detail(id: String) -> Result<RunSheet, ServerFnError> {
     let user = crate::ui::ssr::signed_in().await?;
     let state = crate::ui::ssr::app_state()?;
-    let run_id = crate::ui::ssr::run_id(&id)?;
+    // `/runs/<label>` opens the run an agent named so.
+    let run_id = match uuid::Uuid::parse_str(&id) {
+        Ok(run_id) => run_id,
+        Err(_) => super::ssr::run_labelled(&state, &id)
+            .await
+            .map_err(crate::ui::ssr::internal)?
+            .map_err(|why| crate::ui::ssr::refused(axum::http::StatusCode::NOT_FOUND, why))?,
+    };
     super::ssr::detail(&state, run_id, &user)
         .await
         .map_err(crate::ui::ssr::internal)?
@@ -23,22 +30,30 @@ pub async fn decide_pivot(
     approval: i64,
     digest: String,
     decision: String,
+    // Only the Reject form has it; the agent and the audit trail get it.
+    #[server(default)] reason: Option<String>,
 ) -> Result<(), ServerFnError> {
+    use crate::saga::status::InWords;
     let person = crate::ui::ssr::deciding_person().await?;
     // Also where the browser is sent back to: a run id, never other text.
     let run = crate::ui::ssr::run_id(&run)?;
     let state = crate::ui::ssr::app_state()?;
     let approve = crate::ui::ssr::choice("decision", &decision, "approve", "reject")?;
+    if let Some(why) = reason.as_deref().and_then(crate::ui::ssr::unstorable) {
+        crate::ui::ssr::back_to::<String, String>(&format!("/runs/{run}"), Err(why.into())).await;
+        return Ok(());
+    }
     let done = match state.engine.approval_of_run(run, approval).await {
         Ok(_) => {
             state
                 .engine
-                .decide_pivot(
+                .decide_pivot_because(
                     approval,
                     &digest,
                     approve,
                     &person,
                     crate::saga::model::Via::Dashboard,
+                    reason.as_deref(),
                 )
                 .await
         }
@@ -50,7 +65,7 @@ pub async fn decide_pivot(
             format!(
                 "Pivot {}. The run is now {}.",
                 if approve { "approved" } else { "rejected" },
-                run.status.as_str()
+                run.status.in_words()
             )
         }),
     )
@@ -130,7 +145,7 @@ pub async fn decide_step(
                 "Step {} {}: {}.",
                 step.step_idx,
                 if approve { "approved" } else { "rejected" },
-                step.status.as_str()
+                crate::saga::status::InWords::in_words(step.status)
             )
         }),
     )
@@ -193,7 +208,7 @@ pub async fn answer_compensation(
                 format!(
                     "Recorded: the undo of step {} did not happen; it was sent again ({}).",
                     c.step_idx,
-                    c.status.as_str()
+                    crate::saga::status::InWords::in_words(c.status)
                 )
             }
         }),
@@ -222,7 +237,12 @@ pub async fn unwind_run(run: String, reason: String) -> Result<(), ServerFnError
     let done = state.engine.unwind(run_id, &person, reason.trim()).await;
     crate::ui::ssr::back_to(
         &format!("/runs/{run}"),
-        done.map(|run| format!("Unwound: the run is now {}.", run.status.as_str())),
+        done.map(|run| {
+            format!(
+                "Unwound: the run is now {}.",
+                crate::saga::status::InWords::in_words(run.status)
+            )
+        }),
     )
     .await;
     Ok(())

@@ -6,7 +6,7 @@
 use super::timeline::Timeline;
 use super::words::CallWords;
 use super::{Notice, TopBar};
-use crate::saga::status::ApprovalStatus;
+use crate::saga::status::{ApprovalStatus, InWords, RunStatus};
 use leptos::prelude::*;
 use leptos_meta::Title;
 use leptos_router::hooks::{use_params_map, use_query_map};
@@ -35,7 +35,7 @@ pub fn RunPage() -> impl IntoView {
             <Suspense fallback=|| view! { <p>"Loading the run…"</p> }>
                 <ErrorBoundary fallback=|errors| view! {
                     <p class="error" role="alert">
-                        {move || errors.get().into_iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>().join("; ")}
+                        {move || errors.get().into_iter().map(|(_, e)| super::error_words(&e)).collect::<Vec<_>>().join("; ")}
                     </p>
                 }>
                     {move || Suspend::new(async move { detail.await.map(run_view) })}
@@ -46,32 +46,55 @@ pub fn RunPage() -> impl IntoView {
 }
 
 fn run_view(run: RunSheet) -> impl IntoView {
-    let status_class = super::status_class(run.status.as_str());
     let title = run.label.clone().unwrap_or_else(|| run.purpose.clone());
     let may = run.may_decide;
     let id = run.id.clone();
+    let irreversible = run.irreversible_before_pivot;
     view! {
         <header class="run-head">
             <h1>{title}</h1>
             <p class="meta">
-                <span class=status_class>{run.status.as_str()}</span>
+                <StatusWords words=run.status.in_words() constant=run.status.as_str()/>
                 " · agent " <strong>{run.agent.clone()}</strong>
                 " · started " {run.age.clone()} " ago"
-                " · " <span class:bad=run.irreversible_before_pivot.gt(&0)>
-                    {run.irreversible_before_pivot} " irreversible before the pivot"
-                </span>
+                {(irreversible > 0).then(|| view! {
+                    " · " <span class="bad">
+                        {irreversible} {if irreversible == 1 { " step that cannot be undone" } else { " steps that cannot be undone" }}
+                        " ran before anyone approved"
+                    </span>
+                })}
             </p>
             <p class="purpose">{run.purpose.clone()}</p>
         </header>
+        {run.unwound.clone().map(|why| view! {
+            <section class="panel why" aria-label="Why this run was taken back">
+                <p>
+                    <strong>{if run.status == RunStatus::Unwinding { "Being taken back: " } else { "Taken back: " }}</strong>
+                    {why.reason}
+                </p>
+                <p class="muted">"Started by " {why.by} " at " {why.at}</p>
+            </section>
+        })}
+        {(!run.questions.is_empty()).then(|| questions_panel(&id, run.questions.clone(), may))}
         {run.pivot.clone().map(|pivot| pivot_panel(&id, pivot, may))}
         {run.held.clone().into_iter().map(|held| held_panel(&id, held, may)).collect_view()}
-        {(!run.questions.is_empty()).then(|| questions_panel(&id, run.questions.clone(), may))}
         <section class="panel">
-            <h2>"Saga log"</h2>
+            <h2>"What happened, step by step"</h2>
             <Timeline steps=run.steps.clone() corrections=run.corrections.clone()/>
             {steps_list(run.steps.clone())}
         </section>
         {run.unwind_plan.clone().filter(|_| may).map(|plan| unwind_panel(&id, plan))}
+    }
+}
+
+/// A status in words, its constant one click (or tap) away for engineers.
+#[component]
+pub fn StatusWords(words: &'static str, constant: &'static str) -> impl IntoView {
+    view! {
+        <details class="status-words">
+            <summary class=super::status_class(constant)>{words}</summary>
+            <code>{constant}</code>
+        </details>
     }
 }
 
@@ -80,40 +103,85 @@ fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
     let run = run.to_owned();
     let (approval, digest) = (pivot.approval_id, pivot.digest.clone());
     let decision = match (&pivot.decided_by, &pivot.decided_at) {
-        (Some(by), Some(at)) => Some(format!("{} by {by} at {at}", pivot.status.as_str())),
+        (Some(by), Some(at)) => Some(format!("{} by {by} at {at}", pivot.status.in_words())),
         _ => None,
     };
+    let glance = pivot.at_a_glance.clone();
     let decide = ServerAction::<DecidePivot>::new();
     let (run_a, run_r, digest_a, digest_r) =
         (run.clone(), run.clone(), digest.clone(), digest.clone());
     view! {
         <section class="panel pivot" aria-labelledby="pivot-title">
-            <h2 id="pivot-title">"Pivot: " {pivot.summary.clone()}</h2>
+            <h2 id="pivot-title">{if pending { "Waiting for your decision: " } else { "The plan: " }} {pivot.summary.clone()}</h2>
             <p class="meta">
-                <span class=super::status_class(pivot.status.as_str())>{pivot.status.as_str()}</span>
+                <StatusWords words=pivot.status.in_words() constant=pivot.status.as_str()/>
                 {pivot.waiting.clone().filter(|_| pending).map(|waiting| view! { " · " {waiting} })}
             </p>
-            {(!pivot.staged.is_empty()).then(|| view! {
-                <h3>"Staged, still open"</h3>
-                <ul class="plan staged">
-                    {pivot.staged.iter().map(|staged| view! {
-                        <li>
-                            <CallWords words=staged.words.clone()/>
-                            <p class="muted">"Step " {staged.step} " · open until " {staged.open_until.clone()}</p>
-                        </li>
-                    }).collect_view()}
-                </ul>
+            <dl class="glance">
+                {(!glance.money.is_empty()).then(|| view! {
+                    <div><dt>"Money"</dt><dd>{glance.money.join(" · ")}</dd></div>
+                })}
+                {(!glance.people.is_empty()).then(|| view! {
+                    <div><dt>"Reaches"</dt><dd>{glance.people.join(", ")}</dd></div>
+                })}
+                <div><dt>"Systems"</dt><dd>{glance.systems.join(", ")}</dd></div>
+            </dl>
+            <p class="if-approve">{glance.if_approve.clone()}</p>
+            <p class="if-reject">{glance.if_reject.clone()}</p>
+            {decision.map(|d| view! { <p class="decided" role="status">"Decision: " {d}</p> })}
+            {pivot.note.clone().map(|n| view! { <p class="muted">{n}</p> })}
+            {(pending && may).then(|| view! {
+                <div class="decide">
+                    <ActionForm action=decide>
+                        <input type="hidden" name="run" value=run_a/>
+                        <input type="hidden" name="approval" value=approval/>
+                        <input type="hidden" name="digest" value=digest_a/>
+                        <input type="hidden" name="decision" value="approve"/>
+                        <button type="submit" class="approve">"Approve"</button>
+                    </ActionForm>
+                    <ActionForm action=decide attr:class="reject-form">
+                        <input type="hidden" name="run" value=run_r/>
+                        <input type="hidden" name="approval" value=approval/>
+                        <input type="hidden" name="digest" value=digest_r/>
+                        <input type="hidden" name="decision" value="reject"/>
+                        <input type="text" name="reason" aria-label="Why you reject (optional; the agent is told)" placeholder="Why (optional; the agent is told)"/>
+                        <button type="submit" class="reject">"Reject"</button>
+                    </ActionForm>
+                </div>
             })}
-            <h3>"Commit steps, run in this order after approval"</h3>
+            {(pending && !may).then(|| view! {
+                <p class="muted">"Only an approver can decide this pivot."</p>
+            })}
+            {(!pivot.messages.is_empty()).then(|| view! {
+                <h3>"What the customer will read"</h3>
+                {pivot.messages.iter().map(|m| view! {
+                    <div class="message">
+                        <p class="muted">"To " {m.to.clone()}</p>
+                        {m.subject.clone().map(|subject| view! { <p class="subject">{subject}</p> })}
+                        <p class="body">{m.body.clone()}</p>
+                    </div>
+                }).collect_view()}
+            })}
+            <h3>"What approval runs, in this order"</h3>
             <ol class="plan">
                 {pivot.commit.iter().map(|call| view! {
                     <li>
                         <CallWords words=call.words.clone()/>
-                        <p class="muted">"Step " {call.step}</p>
                         {(pending && may).then(|| edit_form(&run, approval, &digest, call))}
                     </li>
                 }).collect_view()}
             </ol>
+            {(!pivot.staged.is_empty()).then(|| view! {
+                <h3>"Already staged (taken back if you reject)"</h3>
+                <ul class="plan staged">
+                    {pivot.staged.iter().map(|staged| view! {
+                        <li>
+                            <CallWords words=staged.words.clone()/>
+                            <p class="muted">"Open until " {staged.open_until.clone()}</p>
+                        </li>
+                    }).collect_view()}
+                </ul>
+            })}
             {(!pivot.edits.is_empty()).then(|| view! {
                 <h3>"Edited before deciding"</h3>
                 <ul class="edits">
@@ -127,29 +195,6 @@ fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
                         </li>
                     }).collect_view()}
                 </ul>
-            })}
-            {decision.map(|d| view! { <p class="decided" role="status">"Decision: " {d}</p> })}
-            {pivot.note.clone().map(|n| view! { <p class="muted">{n}</p> })}
-            {(pending && may).then(|| view! {
-                <div class="decide">
-                    <ActionForm action=decide>
-                        <input type="hidden" name="run" value=run_a/>
-                        <input type="hidden" name="approval" value=approval/>
-                        <input type="hidden" name="digest" value=digest_a/>
-                        <input type="hidden" name="decision" value="approve"/>
-                        <button type="submit" class="approve">"Approve"</button>
-                    </ActionForm>
-                    <ActionForm action=decide>
-                        <input type="hidden" name="run" value=run_r/>
-                        <input type="hidden" name="approval" value=approval/>
-                        <input type="hidden" name="digest" value=digest_r/>
-                        <input type="hidden" name="decision" value="reject"/>
-                        <button type="submit" class="reject">"Reject"</button>
-                    </ActionForm>
-                </div>
-            })}
-            {(pending && !may).then(|| view! {
-                <p class="muted">"Only an approver can decide this pivot."</p>
             })}
         </section>
     }
@@ -194,8 +239,8 @@ fn held_panel(run: &str, held: HeldView, may: bool) -> impl IntoView {
         (run.clone(), run.clone(), digest.clone(), digest.clone());
     view! {
         <section class="panel pivot held">
-            <h2>"Held step " {held.step_idx} ": " {held.words.tool.clone()}</h2>
-            <p>{held.summary.clone()}</p>
+            <h2>"Waiting for your decision: " {held.summary.clone()}</h2>
+            <p class="muted">"Held before it was sent: step " {held.step_idx}</p>
             {held.waiting.clone().map(|waiting| view! { <p class="meta">{waiting}</p> })}
             <CallWords words=held.words.clone()/>
             {may.then(|| view! {
@@ -224,67 +269,61 @@ fn questions_panel(run: &str, questions: Vec<Question>, may: bool) -> impl IntoV
     let answer = ServerAction::<AnswerQuestion>::new();
     let undo_answer = ServerAction::<AnswerCompensation>::new();
     view! {
-        <section class="panel attention">
-            <h2>"Needs a person"</h2>
-            <p>"No system could say whether these calls took effect. Check in the system itself, then answer."</p>
+        <section class="panel attention" aria-labelledby="attention-title">
+            <h2 id="attention-title">"Needs a person"</h2>
             {questions.into_iter().map(|q| {
                 let (yes_run, no_run) = (run.to_owned(), run.to_owned());
                 let (yes_asked, no_asked) = (q.asked.clone(), q.asked.clone());
                 let step = q.step_idx;
-                if q.about_compensation {
-                    return view! {
-                        <div class="question">
-                            <p><strong>"Undoing step " {q.step_idx} " with " {q.tool.clone()}</strong> " — " {q.why.clone()}</p>
-                            <pre class="args">{q.args.clone()}</pre>
-                            <p class="muted">"Key " <code>{q.key.clone()}</code></p>
-                            {may.then(|| view! {
-                                <div class="decide">
-                                    <ActionForm action=undo_answer>
-                                        <input type="hidden" name="run" value=yes_run/>
-                                        <input type="hidden" name="step" value=step/>
-                                        <input type="hidden" name="asked" value=yes_asked/>
-                                        <input type="hidden" name="undone" value="yes"/>
-                                        <button type="submit">"It is undone"</button>
-                                    </ActionForm>
-                                    {q.may_resend.then(|| view! {
-                                        <ActionForm action=undo_answer>
-                                            <input type="hidden" name="run" value=no_run/>
-                                            <input type="hidden" name="step" value=step/>
-                                            <input type="hidden" name="asked" value=no_asked/>
-                                            <input type="hidden" name="undone" value="no"/>
-                                            <button type="submit">"It did not happen: send it again"</button>
-                                        </ActionForm>
-                                    })}
-                                </div>
-                            })}
-                        </div>
-                    }.into_any();
-                }
+                let (yes_label, no_label) = if q.about_compensation {
+                    ("It is undone", "It did not happen: send it again")
+                } else {
+                    ("It happened", "It did not happen")
+                };
+                let offer_no = !q.about_compensation || q.may_resend;
+                let about_compensation = q.about_compensation;
+                let form = move |yes: bool, run: String, asked: String| {
+                    let (field, value) = match (about_compensation, yes) {
+                        (true, true) => ("undone", "yes"),
+                        (true, false) => ("undone", "no"),
+                        (false, true) => ("happened", "yes"),
+                        (false, false) => ("happened", "no"),
+                    };
+                    let label = if yes { yes_label } else { no_label };
+                    let body = view! {
+                        <input type="hidden" name="run" value=run/>
+                        <input type="hidden" name="step" value=step/>
+                        <input type="hidden" name="asked" value=asked/>
+                        <input type="hidden" name=field value=value/>
+                        <button type="submit">{label}</button>
+                    };
+                    if about_compensation {
+                        view! { <ActionForm action=undo_answer>{body}</ActionForm> }.into_any()
+                    } else {
+                        view! { <ActionForm action=answer>{body}</ActionForm> }.into_any()
+                    }
+                };
                 view! {
                     <div class="question">
-                        <p><strong>"Step " {q.step_idx} ": " {q.tool.clone()}</strong> " — " {q.why.clone()}</p>
-                        <pre class="args">{q.args.clone()}</pre>
-                        <p class="muted">"Key " <code>{q.key.clone()}</code></p>
+                        <p class="uncertain"><strong>{q.uncertain.clone()}</strong></p>
+                        <p><strong>"How to check: "</strong>{q.check.clone()}</p>
+                        <dl class="answers">
+                            <div><dt>{format!("{yes_label}:")}</dt><dd>{q.if_yes.clone()}</dd></div>
+                            <div><dt>{format!("{no_label}:")}</dt><dd>{q.if_no.clone()}</dd></div>
+                        </dl>
                         {may.then(|| view! {
                             <div class="decide">
-                                <ActionForm action=answer>
-                                    <input type="hidden" name="run" value=yes_run/>
-                                    <input type="hidden" name="step" value=step/>
-                                    <input type="hidden" name="asked" value=yes_asked/>
-                                    <input type="hidden" name="happened" value="yes"/>
-                                    <button type="submit">"It happened"</button>
-                                </ActionForm>
-                                <ActionForm action=answer>
-                                    <input type="hidden" name="run" value=no_run/>
-                                    <input type="hidden" name="step" value=step/>
-                                    <input type="hidden" name="asked" value=no_asked/>
-                                    <input type="hidden" name="happened" value="no"/>
-                                    <button type="submit">"It did not happen"</button>
-                                </ActionForm>
+                                {form(true, yes_run, yes_asked)}
+                                {offer_no.then(|| form(false, no_run, no_asked))}
                             </div>
                         })}
+                        <details class="exact">
+                            <summary>"Technical details"</summary>
+                            <p class="muted">"Step " {q.step_idx} " · " <code>{q.tool.clone()}</code> " · key " <code>{q.key.clone()}</code></p>
+                            <pre class="args">{q.args.clone()}</pre>
+                        </details>
                     </div>
-                }.into_any()
+                }
             }).collect_view()}
         </section>
     }
@@ -318,27 +357,12 @@ fn steps_list(steps: Vec<StepView>) -> impl IntoView {
                 <li id=format!("step-{}", step.idx) class="step">
                     <p class="step-head">
                         <span class="num">"Step " {step.idx}</span>
-                        <span class=super::status_class(step.status.as_str())>{step.status.as_str()}</span>
-                        {step.after_pivot.then(|| view! { <span class="badge">"after the pivot"</span> })}
-                        {step.external_ref.clone().map(|r| view! { <span class="muted">"ref " <code>{r}</code></span> })}
+                        <StatusWords words=step.status.in_words() constant=step.status.as_str()/>
+                        {step.after_pivot.then(|| view! { <span class="badge">"after approval"</span> })}
+                        {step.external_ref.clone().map(|r| view! { <span class="muted">{r}</span> })}
                     </p>
                     <CallWords words=step.words.clone() key=step.key.clone()/>
-                    {step.error.clone().map(|e| {
-                        // The system's refusal is the outcome; any other error
-                        // is the history of how the outcome was learned.
-                        if step.refused {
-                            view! { <p class="bad">{e}</p> }.into_any()
-                        } else {
-                            view! { <p class="muted">"First answer: " {e}</p> }.into_any()
-                        }
-                    })}
-                    {step.reconciled.clone().map(|r| view! { <p class="muted">{r}</p> })}
-                    {step.compensation.clone().map(|c| view! {
-                        <p class="way-back">
-                            "Way back " <span class=super::status_class(c.status.as_str())>{c.status.as_str()}</span>
-                            {c.error.map(|e| view! { " " <small class="bad">{e}</small> })}
-                        </p>
-                    })}
+                    <p class="account">{step.account.clone()}</p>
                 </li>
             }).collect_view()}
         </ol>

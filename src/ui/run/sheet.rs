@@ -15,6 +15,8 @@ pub struct RunSheet {
     pub status: RunStatus,
     pub age: String,
     pub irreversible_before_pivot: i64,
+    /// Why the run is being or was taken back, when it is.
+    pub unwound: Option<UnwindWhy>,
     pub steps: Vec<StepView>,
     pub pivot: Option<PivotView>,
     pub held: Vec<HeldView>,
@@ -45,6 +47,18 @@ pub struct StepView {
     /// "found in the system", "a person said it happened" …
     pub reconciled: Option<String>,
     pub compensation: Option<CompensationView>,
+    /// The step told as one account from its events: what was asked, what
+    /// came back, how the harness found out, what was undone and how.
+    pub account: String,
+}
+
+/// Why a run is being or was taken back, who started it and when.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UnwindWhy {
+    pub reason: String,
+    /// "the agent demo-agent", "lead".
+    pub by: String,
+    pub at: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -53,6 +67,8 @@ pub struct CompensationView {
     pub status: StepStatus,
     pub key: String,
     pub error: Option<String>,
+    /// The way back in words ("Close the Jira ticket SUP-1 (step 1)").
+    pub sentence: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -71,8 +87,36 @@ pub struct PivotView {
     /// holds), which the commit builds on or a rejection undoes.
     pub staged: Vec<StagedView>,
     pub commit: Vec<PlannedView>,
+    /// What a lead reads first: the money, the people, the systems and
+    /// what each answer does.
+    pub at_a_glance: AtAGlance,
+    /// What the customer will read, as they will read it.
+    pub messages: Vec<MessageView>,
     /// What approvers changed before deciding, oldest first.
     pub edits: Vec<EditView>,
+}
+
+/// The pivot in five seconds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AtAGlance {
+    /// Per currency, signed: "$32.00 captured", "−$5.00 refunded", "$32.00
+    /// held on the card now".
+    pub money: Vec<String>,
+    /// The people outside the team it reaches, by address ("12 people"
+    /// past a few).
+    pub people: Vec<String>,
+    /// The systems the commit steps write to.
+    pub systems: Vec<String>,
+    pub if_approve: String,
+    pub if_reject: String,
+}
+
+/// A message a commit step sends to people outside the team.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MessageView {
+    pub to: String,
+    pub subject: Option<String>,
+    pub body: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -114,6 +158,14 @@ pub struct HeldView {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Question {
+    /// What is uncertain, in words ("Did the email to ada@example.com:
+    /// “Your replacement kettle” go out?").
+    pub uncertain: String,
+    /// How a person checks by hand (the tool's `check` template).
+    pub check: String,
+    /// What each answer does next.
+    pub if_yes: String,
+    pub if_no: String,
     /// About the step itself, or about its compensation.
     pub about_compensation: bool,
     /// Whether "it did not happen, send it again" is an answer (not for a
