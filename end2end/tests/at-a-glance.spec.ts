@@ -127,7 +127,9 @@ for (const size of SIZES) {
       await expect(headings).toHaveText([/^Customers · 1 correction$/, /^Finance · 2 corrections$/]);
       const customer = page.locator('#audience-customer li.correction').first();
       await expect(customer).toContainText('Why: the run was taken back: no refund was made for these mugs');
-      await expect(customer).toContainText('alan@example.com');
+      await expect(customer).toContainText('Email alan@example.com: “Your mugs are refunded”: done, and it cannot be undone');
+      await expect(customer).toContainText('Subject: A correction to our earlier message');
+      await expect(customer).toContainText('To: alan@example.com');
       await expect(page.locator('#audience-finance li.correction').first()).toContainText('Why: the run was taken back:');
       const text = await readable(page);
       expect(text).not.toMatch(CONSTANT);

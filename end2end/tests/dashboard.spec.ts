@@ -308,8 +308,11 @@ test('a person answers a question and the commit that waited carries on', async 
   await expect(page.getByRole('heading', { name: 'Needs a person' })).toBeInViewport();
   await expect(question).toContainText('Nobody can tell whether this happened: Email ada@example.com: “Your replacement kettle”.');
   await expect(question).toContainText('How to check: Search the sent mail for the subject “Your replacement kettle” to ada@example.com');
-  await expect(question.locator('dl.answers')).toContainText('It happened: It is recorded as done, and the rest of the approved plan runs.');
-  await expect(question.locator('dl.answers')).toContainText('It did not happen: It is sent again under the same key');
+  const answers = question.locator('dl.answers > div');
+  await expect(answers.nth(0).locator('dt')).toHaveText('It happened:');
+  await expect(answers.nth(0).locator('dd')).toHaveText('It is recorded as done, and the rest of the approved plan runs.');
+  await expect(answers.nth(1).locator('dt')).toHaveText('It did not happen:');
+  await expect(answers.nth(1).locator('dd')).toContainText('It is sent again under the same key');
   await page.getByRole('button', { name: 'It happened', exact: true }).click();
   await expect(page.getByRole('status').first()).toContainText('Recorded: step 0 happened.');
   await expect(page.locator('.run-head summary.status')).toHaveText('done');

@@ -32,6 +32,8 @@ pub struct InboxItem {
     pub age: String,
     /// Why the run was taken back, and by whom: why this correction exists.
     pub why: Option<String>,
+    /// The subject line it goes out with, when it goes out as an email.
+    pub subject: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -137,6 +139,7 @@ fn correction_card(item: InboxItem, may: bool) -> impl IntoView {
                 <p class="muted">"Step " {item.step_idx} " · " <code>{item.tool.clone()}</code> " · correction key " <code class="key">{item.key.clone()}</code></p>
                 <pre class="args">{item.effect_args.clone()}</pre>
             </details>
+            {item.subject.clone().map(|subject| view! { <p>"Subject: " <strong>{subject}</strong></p> })}
             <p>"To: " <strong>{if item.recipients.is_empty() { "nobody yet".to_owned() } else { item.recipients.join(", ") }}</strong></p>
             {if may && pending {
                 view! {
@@ -239,13 +242,13 @@ pub async fn corrections_inbox() -> Result<Inbox, ServerFnError> {
         };
         let effect = match (&queued.original, &words, c.source) {
             (Some(original), Some(words), crate::saga::model::CorrectionSource::Step) => format!(
-                "“{}”{} went out and cannot be taken back",
+                "{}{}: done, and it cannot be undone",
                 words.sentence,
                 reference(original)
             ),
             (Some(original), Some(words), crate::saga::model::CorrectionSource::Compensation) => {
                 format!(
-                    "“{}”{} was reversed after {} saw it",
+                    "{}{}: taken back after {} saw it",
                     words.sentence,
                     reference(original),
                     audience_heading(c.audience.as_str()).to_lowercase()
@@ -268,6 +271,7 @@ pub async fn corrections_inbox() -> Result<Inbox, ServerFnError> {
             message: c.message.clone(),
             key: c.idempotency_key.clone(),
             age: super::ssr::age(now - c.created_at),
+            subject: email_subject(&state.registry, &c.tool, c.audience),
             why: reasons.get(&c.run_id).map(|event| {
                 let why = super::run::ssr::unwind_why_of(event);
                 format!("{} ({}, {})", why.reason, why.by, why.at)
@@ -278,6 +282,29 @@ pub async fn corrections_inbox() -> Result<Inbox, ServerFnError> {
         items,
         may_decide: user.role.can_decide(),
     })
+}
+
+/// The subject a correction sent by email goes out with: the mail
+/// connector's `subject` (corrections carry none of their own).
+#[cfg(feature = "ssr")]
+fn email_subject(
+    registry: &crate::saga::registry::Registry,
+    tool: &str,
+    audience: crate::saga::class::Audience,
+) -> Option<String> {
+    let channel = registry.get(tool)?.correction_channel(audience)?;
+    let connector = channel.split('.').next()?;
+    if connector != "smtp" {
+        return None;
+    }
+    Some(
+        registry
+            .connector_settings()
+            .get(connector)
+            .and_then(|settings| settings.get("subject"))
+            .and_then(|subject| subject.as_str())
+            .map_or_else(|| "(none)".to_owned(), str::to_owned),
+    )
 }
 
 #[server(endpoint = "send_correction")]

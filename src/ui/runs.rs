@@ -180,7 +180,8 @@ fn runs_table(list: RunsList, status: Option<String>, search: String) -> AnyView
 #[server(endpoint = "runs")]
 pub async fn list_runs(
     status: Option<String>,
-    search: String,
+    // Absent from a form that only pages or filters: no search.
+    #[server(default)] search: String,
     page: i64,
 ) -> Result<RunsList, ServerFnError> {
     super::ssr::signed_in().await?;

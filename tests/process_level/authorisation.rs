@@ -789,7 +789,7 @@ async fn the_matrix(db: common::TestDb) {
             "send_correction",
             decide("send_correction", form_of("send_correction")).await,
         );
-        assert!(location.contains("UNKNOWN"), "{location}");
+        assert!(location.contains("its send is unknown"), "{location}");
         let location = allowed(
             "answer_correction_send",
             decide("answer_correction_send", form_of("answer_correction_send")).await,

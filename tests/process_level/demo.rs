@@ -370,6 +370,16 @@ async fn a_lead_reads_each_demo_run_in_words_without_constants_or_keys() {
         inbox.contains("Why: the run was taken back: no refund was made for these mugs"),
         "{inbox}"
     );
+    assert!(
+        inbox.contains("Subject: A correction to our earlier message"),
+        "{inbox}"
+    );
+    assert!(
+        inbox.contains(
+            "Email alan@example.com: “Your mugs are refunded”: done, and it cannot be undone"
+        ),
+        "{inbox}"
+    );
 
     // The audit trail names the run of each line.
     let audit = lead_reads(&lead.page(&base, "/audit").await);

@@ -53,7 +53,9 @@ fn run_view(run: RunSheet) -> impl IntoView {
     view! {
         <header class="run-head">
             <h1>{title}</h1>
-            <p class="meta">
+            // A div, not a p: a <details> inside a <p> closes the paragraph
+            // in the browser's parser, and hydration would find another tree.
+            <div class="meta">
                 <StatusWords words=run.status.in_words() constant=run.status.as_str()/>
                 " · agent " <strong>{run.agent.clone()}</strong>
                 " · started " {run.age.clone()} " ago"
@@ -63,7 +65,7 @@ fn run_view(run: RunSheet) -> impl IntoView {
                         " ran before anyone approved"
                     </span>
                 })}
-            </p>
+            </div>
             <p class="purpose">{run.purpose.clone()}</p>
         </header>
         {run.unwound.clone().map(|why| view! {
@@ -113,10 +115,10 @@ fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
     view! {
         <section class="panel pivot" aria-labelledby="pivot-title">
             <h2 id="pivot-title">{if pending { "Waiting for your decision: " } else { "The plan: " }} {pivot.summary.clone()}</h2>
-            <p class="meta">
+            <div class="meta">
                 <StatusWords words=pivot.status.in_words() constant=pivot.status.as_str()/>
                 {pivot.waiting.clone().filter(|_| pending).map(|waiting| view! { " · " {waiting} })}
-            </p>
+            </div>
             <dl class="glance">
                 {(!glance.money.is_empty()).then(|| view! {
                     <div><dt>"Money"</dt><dd>{glance.money.join(" · ")}</dd></div>
@@ -144,7 +146,7 @@ fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
                         <input type="hidden" name="approval" value=approval/>
                         <input type="hidden" name="digest" value=digest_r/>
                         <input type="hidden" name="decision" value="reject"/>
-                        <input type="text" name="reason" aria-label="Why you reject (optional; the agent is told)" placeholder="Why (optional; the agent is told)"/>
+                        <input type="text" name="reason" aria-label="Why you reject (optional; the agent is told)" placeholder="Why? (optional)"/>
                         <button type="submit" class="reject">"Reject"</button>
                     </ActionForm>
                 </div>
@@ -355,12 +357,12 @@ fn steps_list(steps: Vec<StepView>) -> impl IntoView {
         <ol class="steps">
             {steps.into_iter().map(|step| view! {
                 <li id=format!("step-{}", step.idx) class="step">
-                    <p class="step-head">
+                    <div class="step-head">
                         <span class="num">"Step " {step.idx}</span>
                         <StatusWords words=step.status.in_words() constant=step.status.as_str()/>
                         {step.after_pivot.then(|| view! { <span class="badge">"after approval"</span> })}
                         {step.external_ref.clone().map(|r| view! { <span class="muted">{r}</span> })}
-                    </p>
+                    </div>
                     <CallWords words=step.words.clone() key=step.key.clone()/>
                     <p class="account">{step.account.clone()}</p>
                 </li>
