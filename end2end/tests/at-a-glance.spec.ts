@@ -1,4 +1,5 @@
 import { test, expect, type Page } from '@playwright/test';
+import { PASSWORD, watchForErrors } from './common';
 
 // What a support lead reads on the demo's own runs, at a desk (1366×768)
 // and on a phone (390×844): the pivot's summary with Approve in the first
@@ -9,7 +10,6 @@ import { test, expect, type Page } from '@playwright/test';
 // With SAGA_SCREENSHOTS_DIR set, the README's screenshots are written
 // there (`scripts/screenshots.sh`); otherwise into test-results.
 
-const PASSWORD = 'correct horse battery';
 const SHOTS = process.env.SAGA_SCREENSHOTS_DIR ?? 'test-results';
 
 const SIZES = [
@@ -34,14 +34,6 @@ async function signIn(page: Page) {
   }).toPass({ timeout: 30_000 });
 }
 
-function watchForErrors(page: Page) {
-  const problems: string[] = [];
-  page.on('pageerror', (err) => problems.push(err.message));
-  page.on('console', (msg) => {
-    if (msg.type() === 'error') problems.push(msg.text());
-  });
-  return problems;
-}
 
 /** What a lead reads: the page's rendered text, closed disclosures excluded. */
 async function readable(page: Page): Promise<string> {

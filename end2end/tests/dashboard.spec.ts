@@ -1,10 +1,10 @@
 import { test, expect, type Page, type APIRequestContext } from '@playwright/test';
+import { PASSWORD, watchForErrors } from './common';
 
 // The dashboard against `saga-harness demo`: each test stages its own run
 // through the agent API, acts in the browser, and checks the simulated
 // systems' own ledgers (what really happened), not only the page.
 
-const PASSWORD = 'correct horse battery';
 const TOKEN = 'sh_e2e_demo_agent_token';
 const SIM = {
   stripe: 'http://127.0.0.1:4301',
@@ -77,14 +77,6 @@ async function signIn(page: Page, who: string) {
   await expect(page.getByRole('heading', { name: 'Runs' })).toBeVisible();
 }
 
-function watchForErrors(page: Page) {
-  const problems: string[] = [];
-  page.on('pageerror', (err) => problems.push(err.message));
-  page.on('console', (msg) => {
-    if (msg.type() === 'error') problems.push(msg.text());
-  });
-  return problems;
-}
 
 async function approveFlow(page: Page, request: APIRequestContext) {
   const { run } = await stagePivot(request, 'approve flow');
@@ -131,6 +123,12 @@ test('a lead approves a pivot in one click and the commit steps run in the real 
   const run = await approveFlow(page, request);
   await page.goto(`/runs/${run}`);
   await expect(page.locator('figure.timeline svg')).toBeVisible();
+  // The runs list says who it was for and what the done steps moved.
+  await page.goto('/');
+  const row = page.locator('table.runs tbody tr').filter({ has: page.locator(`a[href="/runs/${run}"]`) });
+  await expect(row).toContainText('cus_grace');
+  await expect(row).toContainText('+$32.00');
+  await expect(row.locator('.status')).toHaveText('done');
   await page.screenshot({ path: 'test-results/run-page.png', fullPage: true });
   expect(problems, 'browser errors (hydration, wasm)').toEqual([]);
 });

@@ -157,7 +157,14 @@ impl Dashboard {
         let mut page = Vec::with_capacity(sizes.dashboard_queries);
         for i in 0..sizes.dashboard_queries {
             let at = Instant::now();
-            let shown = crate::ui::runs::ssr::list(self.state.store.as_ref(), None, "", 1).await?;
+            let shown = crate::ui::runs::ssr::list(
+                self.state.store.as_ref(),
+                &self.state.registry,
+                None,
+                "",
+                1,
+            )
+            .await?;
             list.push(at.elapsed().as_secs_f64() * 1e3);
             if shown.total == 0 {
                 bail!("the runs list is empty");

@@ -30,6 +30,10 @@ pub struct RunRow {
     pub waiting: Option<String>,
     /// Why a run was taken back, and by whom.
     pub unwound: Option<String>,
+    /// Who the run is for: the first customer id or address its calls name.
+    pub customer: Option<String>,
+    /// The money its done steps moved, per currency, signed ("+$27.00").
+    pub money: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -131,6 +135,8 @@ fn runs_table(list: RunsList, status: Option<String>, search: String) -> AnyView
                 <tr>
                     <th>"Status"</th>
                     <th>"Run"</th>
+                    <th>"Customer"</th>
+                    <th class="num">"Money"</th>
                     <th>"Agent"</th>
                     <th>"Age"</th>
                     <th class="num">"Steps"</th>
@@ -159,6 +165,8 @@ fn runs_table(list: RunsList, status: Option<String>, search: String) -> AnyView
                                 {row.label.map(|label| view! { <span class="muted label">{label}</span> })}
                                 {row.unwound.map(|why| view! { <span class="why-line">"Taken back: " {why}</span> })}
                             </td>
+                            <td>{row.customer.unwrap_or_default()}</td>
+                            <td class="num">{row.money.unwrap_or_default()}</td>
                             <td>{row.agent}</td>
                             <td>{row.age}</td>
                             <td class="num">{row.steps}</td>
@@ -198,7 +206,7 @@ pub async fn list_runs(
             "A search is at most 200 bytes.",
         ));
     }
-    ssr::list(state.store.as_ref(), wanted, &search, page)
+    ssr::list(state.store.as_ref(), &state.registry, wanted, &search, page)
         .await
         .map_err(super::ssr::internal)
 }
@@ -268,10 +276,53 @@ pub mod ssr {
             .collect())
     }
 
+    /// Who a run is for: the customer its calls name (an id), else the
+    /// first address they write to.
+    fn customer_of(steps: &[crate::saga::model::Step]) -> Option<String> {
+        ["customer", "email", "to"].iter().find_map(|field| {
+            steps.iter().find_map(|step| match step.args.get(*field) {
+                Some(serde_json::Value::String(one)) => Some(one.clone()),
+                Some(serde_json::Value::Array(many)) => {
+                    many.first().and_then(|v| v.as_str()).map(str::to_owned)
+                }
+                _ => None,
+            })
+        })
+    }
+
+    /// The money a run's done steps moved (taken back and unknown ones do
+    /// not count), per currency, signed.
+    fn money_of(
+        registry: &crate::saga::registry::Registry,
+        steps: &[crate::saga::model::Step],
+    ) -> Option<String> {
+        let mut sums: Vec<(String, i64)> = Vec::new();
+        for step in steps
+            .iter()
+            .filter(|s| s.status == crate::saga::status::StepStatus::Confirmed)
+        {
+            let Some((_, amount)) = registry.money_moved(&step.tool, &step.args) else {
+                continue;
+            };
+            let currency = crate::ui::run::ssr::currency_of(&step.args, steps);
+            match sums.iter_mut().find(|(c, _)| *c == currency) {
+                Some((_, sum)) => *sum += amount,
+                None => sums.push((currency, amount)),
+            }
+        }
+        (!sums.is_empty()).then(|| {
+            sums.iter()
+                .map(|(currency, sum)| crate::ui::run::ssr::signed_money(*sum, currency))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+    }
+
     /// One page of runs: awaiting approval first (a pivot or a held single
     /// step), then needing a person, then the rest newest first.
     pub async fn list(
         store: &dyn SagaStore,
+        registry: &crate::saga::registry::Registry,
         wanted: Option<RunStatus>,
         search: &str,
         page: i64,
@@ -295,6 +346,26 @@ pub mod ssr {
             .map(|(run, _)| run.id)
             .collect();
         let reasons = store.unwind_reasons(&taken_back).await?;
+        let ids: Vec<uuid::Uuid> = shown.runs.iter().map(|(run, _)| run.id).collect();
+        // Only the calls that can name a customer or move money.
+        let telling: Vec<&str> = registry
+            .tools()
+            .filter(|spec| {
+                registry
+                    .money_moved(&spec.name, &serde_json::json!({"amount": 0}))
+                    .is_some()
+                    || spec.schema.as_ref().is_some_and(|schema| {
+                        ["customer", "email", "to"]
+                            .iter()
+                            .any(|field| schema["properties"].get(*field).is_some())
+                    })
+            })
+            .map(|spec| spec.name.as_str())
+            .collect();
+        let steps = store.steps_of_runs(&ids, &telling).await?;
+        let steps_of = |run: uuid::Uuid| -> Vec<crate::saga::model::Step> {
+            steps.iter().filter(|s| s.run_id == run).cloned().collect()
+        };
         let rows = shown
             .runs
             .into_iter()
@@ -309,6 +380,8 @@ pub mod ssr {
                         why.by
                     )
                 }),
+                customer: customer_of(&steps_of(run.id)),
+                money: money_of(registry, &steps_of(run.id)),
                 id: run.id.to_string(),
                 label: run.label,
                 agent: run.agent,

@@ -336,6 +336,9 @@ impl SagaStore for CrashingStore {
     ) -> StoreResult<saga_harness::saga::store::RunsPage> {
         self.inner.runs_page(status, search, offset, limit).await
     }
+    async fn steps_of_runs(&self, runs: &[Uuid], tools: &[&str]) -> StoreResult<Vec<Step>> {
+        self.inner.steps_of_runs(runs, tools).await
+    }
     async fn unwind_reasons(
         &self,
         runs: &[Uuid],

@@ -1581,6 +1581,23 @@ async fn runs_are_found_by_label_purpose_agent_or_an_argument(store: Store) {
     assert_eq!(found("CUS_grace").await, vec![grace.id]);
     assert_eq!(found("ticket-7").await, sorted(vec![grace.id, other.id]));
     assert_eq!(found("billing").await, vec![percent.id]);
+    // A page's steps in one read.
+    let steps = store
+        .steps_of_runs(&[grace.id, other.id, percent.id], &["stripe.charge"])
+        .await
+        .unwrap();
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0].args["customer"], "cus_Grace");
+    assert!(store
+        .steps_of_runs(&[grace.id], &["create_ticket"])
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .steps_of_runs(&[], &["stripe.charge"])
+        .await
+        .unwrap()
+        .is_empty());
     // LIKE's wildcards are taken as the characters they are.
     assert_eq!(found("100%").await, vec![percent.id]);
     assert_eq!(found("0%").await, vec![percent.id]);

@@ -350,6 +350,10 @@ async fn a_lead_reads_each_demo_run_in_words_without_constants_or_keys() {
         "{list}"
     );
     assert_eq!(shows_constant_or_key(&list), None, "{list}");
+    assert!(
+        list.contains("cus_grace"),
+        "the lamp's run names its customer: {list}"
+    );
     // Search by customer: only the lamp's run holds cus_grace.
     let found = lead_reads(&lead.page(&base, "/?q=cus_grace").await);
     assert!(

@@ -161,6 +161,20 @@ impl Registry {
         }
     }
 
+    /// The money a call of this tool moves, by its connector operation,
+    /// with what it is: captured and charged money comes in (positive),
+    /// refunded money goes out (negative). Minor units of the call's
+    /// currency.
+    pub fn money_moved(&self, tool: &str, args: &Value) -> Option<(&'static str, i64)> {
+        let (what, sign) = match self.get(tool)?.connector.as_str() {
+            "stripe.capture" => ("captured", 1),
+            "stripe.charge" => ("charged", 1),
+            "stripe.refund" => ("refunded", -1),
+            _ => return None,
+        };
+        Some((what, sign * args.get("amount")?.as_i64()?))
+    }
+
     /// The system a tool's calls reach, as a lead names it ("Stripe",
     /// "Jira", "the mail server", "warehouse").
     pub fn system_of(&self, tool: &str) -> String {

@@ -281,6 +281,10 @@ pub trait SagaStore: Send + Sync + 'static {
     ) -> StoreResult<Step>;
     async fn step(&self, run_id: Uuid, step_idx: i64) -> StoreResult<Option<Step>>;
     async fn steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>>;
+    /// The steps of several runs that call one of `tools`, in one read (a
+    /// page of the runs list reads only the calls that name a customer or
+    /// move money).
+    async fn steps_of_runs(&self, runs: &[Uuid], tools: &[&str]) -> StoreResult<Vec<Step>>;
     /// The run's steps that are not settled (INTENDED, UNKNOWN,
     /// AWAITING_APPROVAL), in step order: what a new step must wait for.
     /// Its cost follows the unsettled steps, not the length of the run.

@@ -647,6 +647,26 @@ macro_rules! saga_store_over_dialect {
                 Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::step_from).await
             }
 
+            async fn steps_of_runs(&self, runs: &[Uuid], tools: &[&str]) -> StoreResult<Vec<Step>> {
+                if runs.is_empty() || tools.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let sql = format!(
+                    "SELECT * FROM saga_log WHERE run_id IN ({}) AND tool IN ({})
+                       ORDER BY run_id, step_idx",
+                    placeholders(1, runs.len()),
+                    placeholders(runs.len() + 1, tools.len())
+                );
+                let mut query = Sql::<Self>::query(&sql);
+                for run in runs {
+                    query = query.bind(run.to_string());
+                }
+                for tool in tools {
+                    query = query.bind(tool.to_string());
+                }
+                Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::step_from).await
+            }
+
             async fn unsettled_steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
                 // The same condition as the partial index saga_log_open_by_run
                 // (migration 0002), word for word, so both backends use it.

@@ -508,27 +508,10 @@ pub fn unwind_why_of(event: &Event) -> UnwindWhy {
     }
 }
 
-/// Money a commit step moves, by its connector operation: captured and
-/// charged money comes in, refunded money goes out.
-fn money_moved(
-    registry: &crate::saga::registry::Registry,
-    tool: &str,
-    args: &Value,
-) -> Option<(&'static str, i64)> {
-    let operation = registry.get(tool)?.connector.as_str();
-    let sign = match operation {
-        "stripe.capture" => ("captured", 1),
-        "stripe.charge" => ("charged", 1),
-        "stripe.refund" => ("refunded", -1),
-        _ => return None,
-    };
-    Some((sign.0, sign.1 * args.get("amount")?.as_i64()?))
-}
-
 /// The currency of a call's amount: its own `currency`, else that of the
 /// step whose key it names (a capture's hold), else dollars, as the
 /// display templates' money filter reads it.
-fn currency_of(args: &Value, steps: &[Step]) -> String {
+pub(crate) fn currency_of(args: &Value, steps: &[Step]) -> String {
     if let Some(currency) = args.get("currency").and_then(Value::as_str) {
         return currency.to_ascii_lowercase();
     }
@@ -540,6 +523,16 @@ fn currency_of(args: &Value, steps: &[Step]) -> String {
         .and_then(|s| s.args.get("currency").and_then(Value::as_str))
         .unwrap_or("usd")
         .to_ascii_lowercase()
+}
+
+/// An amount with its sign: "+$32.00", "−$5.00".
+pub(crate) fn signed_money(minor: i64, currency: &str) -> String {
+    let text = crate::saga::words::money(minor, currency);
+    if minor > 0 {
+        format!("+{text}")
+    } else {
+        text.replacen('-', "−", 1)
+    }
 }
 
 /// The addresses a call reaches outside the team.
@@ -577,7 +570,7 @@ fn at_a_glance(
     // Per currency, in the order first met: each movement, then the net.
     let mut moved: Vec<(String, Vec<(&str, i64)>)> = Vec::new();
     for call in commit {
-        if let Some((what, amount)) = money_moved(registry, &call.tool, &call.args) {
+        if let Some((what, amount)) = registry.money_moved(&call.tool, &call.args) {
             let currency = currency_of(&call.args, steps);
             match moved.iter_mut().find(|(c, _)| *c == currency) {
                 Some((_, list)) => list.push((what, amount)),
@@ -585,14 +578,7 @@ fn at_a_glance(
             }
         }
     }
-    let signed = |minor: i64, currency: &str| {
-        let text = money(minor, currency);
-        if minor > 0 {
-            format!("+{text}")
-        } else {
-            text.replacen('-', "−", 1)
-        }
-    };
+    let signed = signed_money;
     let mut money_lines = Vec::new();
     for (currency, list) in &moved {
         for (what, amount) in list {
