@@ -477,11 +477,11 @@ impl Gateway {
             steps.len()
         )];
         let mut logged = Vec::new();
-        for step in &steps {
-            let outcome = match self.engine.outcome_kind(step).await {
-                Ok(outcome) => outcome,
-                Err(refusal) => return refused(&refusal_words(&refusal)),
-            };
+        let outcomes = match self.engine.outcome_kinds(&steps).await {
+            Ok(outcomes) => outcomes,
+            Err(refusal) => return refused(&refusal_words(&refusal)),
+        };
+        for (step, outcome) in steps.iter().zip(outcomes) {
             let mut line = format!(
                 "step {}: {} — {}",
                 step.step_idx,

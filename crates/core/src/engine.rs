@@ -739,16 +739,43 @@ impl Engine {
     /// a held step whose approval ran out of time is `expired`, not
     /// `rejected` (nobody said no), as its approval records.
     pub async fn outcome_kind(&self, step: &Step) -> Result<OutcomeKind, Refusal> {
-        let kind = OutcomeKind::of(step.status);
-        if kind != OutcomeKind::Rejected {
-            return Ok(kind);
-        }
-        let expired = self.store.approvals(step.run_id).await?.iter().any(|a| {
-            a.kind == ApprovalKind::Step
-                && a.step_idx == Some(step.step_idx)
-                && a.status == ApprovalStatus::Expired
-        });
-        Ok(if expired { OutcomeKind::Expired } else { kind })
+        let kinds = self.outcome_kinds(std::slice::from_ref(step)).await?;
+        Ok(kinds
+            .first()
+            .copied()
+            .unwrap_or_else(|| OutcomeKind::of(step.status)))
+    }
+
+    /// [`Engine::outcome_kind`] for every step of one run's log, reading
+    /// the run's approvals once at most (only a rejected step needs them).
+    pub async fn outcome_kinds(&self, steps: &[Step]) -> Result<Vec<OutcomeKind>, Refusal> {
+        let kinds: Vec<OutcomeKind> = steps.iter().map(|s| OutcomeKind::of(s.status)).collect();
+        let Some(run_id) = steps
+            .iter()
+            .zip(&kinds)
+            .find(|(_, kind)| **kind == OutcomeKind::Rejected)
+            .map(|(step, _)| step.run_id)
+        else {
+            return Ok(kinds);
+        };
+        let approvals = self.store.approvals(run_id).await?;
+        Ok(steps
+            .iter()
+            .zip(kinds)
+            .map(|(step, kind)| {
+                let expired = kind == OutcomeKind::Rejected
+                    && approvals.iter().any(|a| {
+                        a.kind == ApprovalKind::Step
+                            && a.step_idx == Some(step.step_idx)
+                            && a.status == ApprovalStatus::Expired
+                    });
+                if expired {
+                    OutcomeKind::Expired
+                } else {
+                    kind
+                }
+            })
+            .collect())
     }
 
     /// What a resuming agent reads (§5): the run, its log and its cursor.
