@@ -153,6 +153,9 @@ pub struct DemoArgs {
     /// First of the simulators' eight consecutive ports; 0 picks free ports.
     #[arg(long, default_value_t = 4101)]
     pub first_port: u16,
+    /// The demo's people may also sign in through an identity provider.
+    #[command(flatten)]
+    pub sign_in: SignIn,
 }
 
 #[cfg(feature = "simulators")]
@@ -196,6 +199,73 @@ pub struct ServeArgs {
     pub limits: Limits,
     #[command(flatten)]
     pub operations: Operations,
+    #[command(flatten)]
+    pub sign_in: SignIn,
+}
+
+/// How people sign in to the dashboard: local accounts (`saga-harness
+/// user add`), the company's OpenID Connect provider, or both. The client
+/// secret is read from `SAGA_OIDC_CLIENT_SECRET` only, never from a flag
+/// (flags show in the process list).
+#[derive(Clone, Debug, Args)]
+pub struct SignIn {
+    /// The provider's issuer URL; it is found at
+    /// `<issuer>/.well-known/openid-configuration`. Off unless given.
+    #[arg(long, env = "SAGA_OIDC_ISSUER", value_name = "URL")]
+    pub oidc_issuer: Option<url::Url>,
+    /// The client id the provider registered for the harness.
+    #[arg(long, env = "SAGA_OIDC_CLIENT_ID")]
+    pub oidc_client_id: Option<String>,
+    /// The client secret: from `SAGA_OIDC_CLIENT_SECRET` when not set here
+    /// (no flag sets it).
+    #[arg(skip)]
+    pub oidc_client_secret: Option<secrecy::SecretString>,
+    /// The claim that lists a person's groups: read from the ID token,
+    /// else from the provider's userinfo.
+    #[arg(long, env = "SAGA_OIDC_GROUPS_CLAIM", default_value = "groups")]
+    pub oidc_groups_claim: String,
+    /// Which groups give which role, e.g.
+    /// `admin=platform,approver=support-leads,viewer=support`. A person
+    /// gets the highest role any of their groups gives.
+    #[arg(long, env = "SAGA_OIDC_ROLES", value_name = "ROLE=GROUP,…")]
+    pub oidc_roles: Option<crate::oidc::RoleMap>,
+    /// The provider's name on the sign-in button ("Sign in with Okta");
+    /// default: the issuer's host.
+    #[arg(long, env = "SAGA_OIDC_NAME")]
+    pub oidc_name: Option<String>,
+    /// Seconds the provider has to answer each request (discovery, keys,
+    /// token, userinfo) before the sign-in page says it did not.
+    #[arg(long, env = "SAGA_OIDC_TIMEOUT_SECS", default_value_t = 10)]
+    pub oidc_timeout_secs: u64,
+    /// Whether the password form is offered and its endpoint answers.
+    #[arg(
+        long,
+        env = "SAGA_LOCAL_ACCOUNTS",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "true|false"
+    )]
+    pub local_accounts: bool,
+    /// How long a dashboard session lasts after its sign-in, however
+    /// active (e.g. `12h`, `30m`).
+    #[arg(long, env = "SAGA_SESSION_MAX_AGE", default_value = "12h", value_parser = humantime::parse_duration)]
+    pub session_max_age: std::time::Duration,
+}
+
+impl Default for SignIn {
+    fn default() -> Self {
+        SignIn {
+            oidc_issuer: None,
+            oidc_client_id: None,
+            oidc_client_secret: None,
+            oidc_groups_claim: "groups".into(),
+            oidc_roles: None,
+            oidc_name: None,
+            oidc_timeout_secs: 10,
+            local_accounts: true,
+            session_max_age: std::time::Duration::from_secs(12 * 3600),
+        }
+    }
 }
 
 /// What the people who run the harness reach besides the public address.

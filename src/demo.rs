@@ -80,6 +80,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         public_url: None,
         limits: Default::default(),
         operations: Default::default(),
+        sign_in: args.sign_in.clone(),
     };
     let app = Application::build_from(serve, registry, connectors).await?;
     let state = app.state().clone();

@@ -37,6 +37,8 @@ pub mod incident;
 #[cfg(feature = "ssr")]
 pub mod mcp;
 #[cfg(feature = "ssr")]
+pub mod oidc;
+#[cfg(feature = "ssr")]
 pub mod ops;
 #[cfg(feature = "ssr")]
 pub mod server;
@@ -45,6 +47,8 @@ pub mod serving;
 /// The simulated systems, only in a build that asks for them.
 #[cfg(feature = "simulators")]
 pub use saga_simulators as sim;
+#[cfg(feature = "ssr")]
+pub mod sign_in;
 #[cfg(feature = "ssr")]
 pub mod state;
 #[cfg(feature = "ssr")]

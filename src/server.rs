@@ -31,6 +31,8 @@ use tower_sessions_sqlx_store::{PostgresStore as PgSessions, SqliteStore as Sqli
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
+    #[error("signing in: {0}")]
+    SignIn(String),
     #[error("opening the database {url}: {source}")]
     Store { url: String, source: StoreError },
     #[error("reading the tools file {path}: {source}")]
@@ -132,6 +134,13 @@ impl Application {
             ),
             None => None,
         };
+        let public_url = args.public_url.clone().unwrap_or_else(|| {
+            format!("http://{addr}")
+                .parse()
+                .expect("an address is a URL")
+        });
+        let sign_in = crate::oidc::SignInPolicy::from_settings(&args.sign_in, &public_url)
+            .map_err(ServerError::SignIn)?;
         let longest_call = Timeouts::default().longest_call();
         let opened = open_store(&args, addr, longest_call).await?;
         let slack_approvals = crate::approvals::SlackApprovals::from_registry(
@@ -164,6 +173,7 @@ impl Application {
             registry,
             engine,
             sign_ins: Arc::new(crate::auth::SignInThrottle::standard()),
+            sign_in: Arc::new(sign_in),
             known_tokens: Default::default(),
             trusted_proxies: Arc::new(args.limits.trusted_proxies.clone()),
             opened: opened.clone(),
@@ -555,6 +565,7 @@ async fn router(
         .merge(crate::ops::health::routes())
         .merge(crate::api::router())
         .merge(crate::mcp::router(&state))
+        .merge(crate::sign_in::routes())
         .route(ui::LIVE_PATH, get(live_changes))
         .route(
             "/slack/interactions",
@@ -713,6 +724,8 @@ fn record_status(response: &Response, latency: std::time::Duration, span: &traci
 /// checks, and server functions (each checks the session itself).
 fn is_public(path: &str) -> bool {
     path == "/login"
+        || path == crate::sign_in::START_PATH
+        || path == crate::sign_in::CALLBACK_PATH
         || path == "/healthz"
         || path == "/readyz"
         || path == "/favicon.svg"
@@ -886,6 +899,9 @@ async fn undecodable_forms_are_bad_requests(request: Request<Body>, next: Next) 
 /// signed out, a changed role applies from this request on.
 async fn refresh_session_user(state: &AppState, session: &Session) -> Result<(), Response> {
     let user = match session.get::<SessionUser>(SESSION_USER_KEY).await {
+        // The provider's people have no local account: their role is the
+        // one their groups gave at sign-in, for the session's life.
+        Ok(Some(user)) if user.federated.is_some() => return Ok(()),
         Ok(Some(user)) => user,
         Ok(None) => return Ok(()),
         Err(err) => return Err(session_unreadable(state, err.to_string()).await),
@@ -899,10 +915,7 @@ async fn refresh_session_user(state: &AppState, session: &Session) -> Result<(),
         Ok(Some(current)) => session
             .insert(
                 SESSION_USER_KEY,
-                SessionUser {
-                    username: current.user.username,
-                    role: current.user.role,
-                },
+                SessionUser::local(current.user.username, current.user.role),
             )
             .await
             .map_err(|e| failed(&e)),

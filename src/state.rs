@@ -20,6 +20,8 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     pub engine: Arc<Engine>,
     pub sign_ins: Arc<crate::auth::SignInThrottle>,
+    /// How people may sign in: passwords, the identity provider, or both.
+    pub sign_in: Arc<crate::oidc::SignInPolicy>,
     /// Agents' tokens this instance has found valid (see `KnownTokens`).
     pub known_tokens: Arc<crate::auth::KnownTokens>,
     /// Reverse proxies whose `X-Forwarded-For` names the client.

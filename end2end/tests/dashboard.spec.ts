@@ -1,63 +1,9 @@
 import { test, expect, type Page, type APIRequestContext } from '@playwright/test';
-import { PASSWORD, watchForErrors } from './common';
+import { PASSWORD, watchForErrors, TOKEN, SIM, api, ledger, newRun, act, stagePivot } from './common';
 
 // The dashboard against `saga-harness demo`: each test stages its own run
 // through the agent API, acts in the browser, and checks the simulated
 // systems' own ledgers (what really happened), not only the page.
-
-const TOKEN = 'sh_e2e_demo_agent_token';
-const SIM = {
-  stripe: 'http://127.0.0.1:4301',
-  orders: 'http://127.0.0.1:4306',
-  mailbox: 'http://127.0.0.1:4308',
-};
-
-type Effect = { system: string; action: string; key: string | null; object: string; detail: any };
-
-async function api(request: APIRequestContext, method: 'GET' | 'POST', path: string, data?: unknown) {
-  const response = await request.fetch(`/api/v1${path}`, {
-    method,
-    headers: { Authorization: `Bearer ${TOKEN}` },
-    data,
-  });
-  const body = await response.json();
-  expect(response.status(), `${method} ${path}: ${JSON.stringify(body)}`).toBeLessThan(300);
-  return body;
-}
-
-async function ledger(request: APIRequestContext, base: string): Promise<Effect[]> {
-  return (await request.get(`${base}/_sim/ledger`)).json();
-}
-
-async function newRun(request: APIRequestContext, purpose: string): Promise<string> {
-  const created = await api(request, 'POST', '/runs', { label: `${purpose} ${Date.now()}-${Math.random()}`, purpose });
-  return created.run.id;
-}
-
-async function act(request: APIRequestContext, run: string, step: number, tool: string, args: unknown) {
-  const out = await api(request, 'POST', `/runs/${run}/calls`, { tool, args, step });
-  expect(out.outcome, JSON.stringify(out)).toBe('confirmed');
-  return out;
-}
-
-/** A run with a draft and a card hold staged, and a pivot proposed. */
-async function stagePivot(request: APIRequestContext, purpose: string) {
-  const run = await newRun(request, purpose);
-  const draft = await act(request, run, 0, 'create_email_draft', {
-    to: 'grace@example.com', subject: 'Your replacement', body: 'A new lamp ships today.',
-  });
-  const hold = await act(request, run, 1, 'authorize_payment', {
-    customer: 'cus_grace', amount: 3200, currency: 'usd',
-  });
-  await api(request, 'POST', `/runs/${run}/pivot`, {
-    summary: `${purpose}: capture the hold and tell Grace`,
-    commit: [
-      { tool: 'capture_payment', args: { intent_key: hold.key, amount: 3200 } },
-      { tool: 'send_email', args: { to: 'grace@example.com', subject: 'Your replacement', body: 'It ships today.' } },
-    ],
-  });
-  return { run, draftKey: draft.key as string, holdRef: hold.external_ref as string };
-}
 
 /** A run whose customer-visible charge was unwound: a correction waits. */
 async function stageCorrection(request: APIRequestContext, purpose: string) {

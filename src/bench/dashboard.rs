@@ -137,6 +137,7 @@ impl Dashboard {
             registry,
             engine,
             sign_ins: Arc::new(crate::auth::SignInThrottle::standard()),
+            sign_in: Arc::new(crate::oidc::SignInPolicy::local_only()),
             known_tokens: Default::default(),
             trusted_proxies: Arc::new(Vec::new()),
             opened,
@@ -174,10 +175,7 @@ impl Dashboard {
             let sheet = crate::ui::run::ssr::detail(
                 &self.state,
                 run,
-                &crate::ui::SessionUser {
-                    username: "lead".into(),
-                    role: crate::saga::class::Role::Approver,
-                },
+                &crate::ui::SessionUser::local("lead".into(), crate::saga::class::Role::Approver),
             )
             .await?;
             page.push(at.elapsed().as_secs_f64() * 1e3);

@@ -53,6 +53,7 @@ impl FullPath {
             public_url: None,
             limits: Default::default(),
             operations: Default::default(),
+            sign_in: Default::default(),
         };
         let app = Application::build_from(serve, registry, connectors).await?;
         let token = auth::new_api_token();

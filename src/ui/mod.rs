@@ -14,6 +14,7 @@ pub mod inbox;
 pub mod operations;
 pub mod run;
 pub mod runs;
+pub mod sign_in;
 pub mod timeline;
 pub mod words;
 
@@ -36,6 +37,43 @@ pub const SESSION_USER_KEY: &str = "user";
 pub struct SessionUser {
     pub username: String,
     pub role: Role,
+    /// Signed in through the company's identity provider; `None` for a
+    /// local account's password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub federated: Option<Federated>,
+}
+
+/// A person the identity provider signed in: what the provider calls them
+/// and the group that gave them their role. Taken from the token at each
+/// sign-in and kept only as long as the session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Federated {
+    /// The provider's issuer (`iss`).
+    pub issuer: String,
+    /// The person's subject there (`sub`).
+    pub subject: String,
+    pub groups: Vec<String>,
+    pub granted_by: String,
+}
+
+impl SessionUser {
+    /// Someone signed in with a local account's password.
+    pub fn local(username: String, role: Role) -> Self {
+        SessionUser {
+            username,
+            role,
+            federated: None,
+        }
+    }
+}
+
+/// How this server may be signed in to, for the sign-in page.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignInOptions {
+    /// The identity provider's name, when there is one.
+    pub provider: Option<String>,
+    /// Whether the password form is offered.
+    pub local: bool,
 }
 
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -108,48 +146,65 @@ pub fn App() -> impl IntoView {
 #[component]
 fn LoginPage() -> impl IntoView {
     let login = ServerAction::<Login>::new();
+    let choices = Resource::new(|| (), |_| sign_in_choices());
     let query = use_query_map();
-    let refused = move || query.read().get("error").is_some_and(|e| e != "throttled");
+    let error = move || query.read().get("error");
+    // A refusal is shown by its code's own sentence; an unknown code is
+    // a wrong password (the form's own refusal).
+    let refusal = move || error().and_then(|code| sign_in::SignInRefusal::of_code(&code));
+    let wrong_password = move || error().is_some_and(|e| e != "throttled") && refusal().is_none();
     // The wait is a number of minutes or nothing: a link cannot put its
     // own words on this page.
     let throttled = move || {
-        query
-            .read()
-            .get("error")
-            .filter(|e| e == "throttled")
-            .map(|_| {
-                query
-                    .read()
-                    .get("wait")
-                    .and_then(|w| w.parse::<u64>().ok())
-                    .map_or(1, |w| w.clamp(1, 60))
-            })
+        error().filter(|e| e == "throttled").map(|_| {
+            query
+                .read()
+                .get("wait")
+                .and_then(|w| w.parse::<u64>().ok())
+                .map_or(1, |w| w.clamp(1, 60))
+        })
     };
     view! {
         <Title text="Sign in · Saga Harness"/>
         <main class="login">
             <h1>"Saga Harness"</h1>
             <p class="lede">"Sign in to approve pivots, read saga logs and sign off corrections."</p>
-            <ActionForm action=login attr:class="card">
-                <Show when=refused>
-                    <p class="error" role="alert">"Wrong username or password."</p>
-                </Show>
-                {move || throttled().map(|minutes| view! {
-                    <p class="error" role="alert">
-                        "Too many sign-in attempts for this account from this address. Wait "
-                        {minutes} " minute(s), then try again."
-                    </p>
+            {move || refusal().map(|refusal| view! {
+                <p class="error" role="alert">{refusal.words()}</p>
+            })}
+            <Suspense>
+                {move || Suspend::new(async move {
+                    let choices = choices.await.unwrap_or(SignInOptions { provider: None, local: true });
+                    let provider = choices.provider.map(|name| view! {
+                        <div class="card">
+                            <a class="button provider" href="/auth/oidc/start" rel="external">"Sign in with " {name}</a>
+                        </div>
+                    });
+                    let form = choices.local.then(|| view! {
+                        <ActionForm action=login attr:class="card">
+                            <Show when=wrong_password>
+                                <p class="error" role="alert">"Wrong username or password."</p>
+                            </Show>
+                            {move || throttled().map(|minutes| view! {
+                                <p class="error" role="alert">
+                                    "Too many sign-in attempts for this account from this address. Wait "
+                                    {minutes} " minute(s), then try again."
+                                </p>
+                            })}
+                            <label>
+                                "Username"
+                                <input type="text" name="username" autocomplete="username" required autofocus/>
+                            </label>
+                            <label>
+                                "Password"
+                                <input type="password" name="password" autocomplete="current-password" required/>
+                            </label>
+                            <button type="submit">"Sign in"</button>
+                        </ActionForm>
+                    });
+                    view! { {provider} {form} }
                 })}
-                <label>
-                    "Username"
-                    <input type="text" name="username" autocomplete="username" required autofocus/>
-                </label>
-                <label>
-                    "Password"
-                    <input type="password" name="password" autocomplete="current-password" required/>
-                </label>
-                <button type="submit">"Sign in"</button>
-            </ActionForm>
+            </Suspense>
         </main>
     }
 }
@@ -378,6 +433,13 @@ mod live {
 pub async fn login(username: String, password: String) -> Result<(), ServerFnError> {
     use crate::auth::{verify_password, NotNow, MAX_PASSWORD_BYTES, MAX_USERNAME_BYTES};
     let state = ssr::app_state()?;
+    if !state.sign_in.local {
+        leptos_axum::redirect(&format!(
+            "/login?error={}",
+            sign_in::SignInRefusal::LocalOff.code()
+        ));
+        return Ok(());
+    }
     // Names and passwords no account could have are refused before they
     // cost a lookup, a hash or a place in the throttle.
     if username.len() > MAX_USERNAME_BYTES
@@ -451,13 +513,11 @@ pub async fn login(username: String, password: String) -> Result<(), ServerFnErr
     session
         .insert(
             SESSION_USER_KEY,
-            SessionUser {
-                username: user.username,
-                role: user.role,
-            },
+            SessionUser::local(user.username, user.role),
         )
         .await
         .map_err(ssr::internal)?;
+    session.set_expiry(Some(ssr::ends_after(state.sign_in.max_age)));
     leptos_axum::redirect("/");
     Ok(())
 }
@@ -468,6 +528,15 @@ pub async fn logout() -> Result<(), ServerFnError> {
     session.flush().await.map_err(ssr::internal)?;
     leptos_axum::redirect("/login");
     Ok(())
+}
+
+#[server(endpoint = "sign_in_choices")]
+pub async fn sign_in_choices() -> Result<SignInOptions, ServerFnError> {
+    let state = ssr::app_state()?;
+    Ok(SignInOptions {
+        provider: state.sign_in.provider.as_ref().map(|p| p.name.clone()),
+        local: state.sign_in.local,
+    })
 }
 
 #[server(endpoint = "me")]
@@ -533,6 +602,12 @@ pub mod ssr {
     pub fn app_state() -> Result<AppState, ServerFnError> {
         use_context::<AppState>()
             .ok_or_else(|| ServerFnError::new("the server's state is missing from this request"))
+    }
+
+    /// A session that ends `max_age` after its sign-in, however active.
+    pub fn ends_after(max_age: std::time::Duration) -> tower_sessions::Expiry {
+        let max_age = time::Duration::try_from(max_age).unwrap_or(time::Duration::hours(12));
+        tower_sessions::Expiry::AtDateTime(time::OffsetDateTime::now_utc() + max_age)
     }
 
     pub async fn session() -> Result<Session, ServerFnError> {

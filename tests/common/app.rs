@@ -26,6 +26,7 @@ pub fn serve_args(database_url: &str, store: StoreSettings) -> ServeArgs {
         public_url: None,
         limits: Default::default(),
         operations: Default::default(),
+        sign_in: Default::default(),
     }
 }
 

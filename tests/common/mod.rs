@@ -263,6 +263,7 @@ where
 pub mod app;
 pub mod cluster;
 pub mod crash;
+pub mod identity;
 pub mod process;
 pub mod proxy;
 pub mod world;

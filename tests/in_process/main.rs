@@ -17,4 +17,5 @@ mod engine;
 mod engine_properties;
 mod incident;
 mod server;
+mod sign_in;
 mod store_contract;
