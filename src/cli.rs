@@ -107,6 +107,32 @@ async fn run(command: Command) -> anyhow::Result<()> {
             eprintln!("{} is now {}", user.username, user.role);
             Ok(())
         }
+        Command::User(UserCommand::Group {
+            change,
+            username,
+            group,
+            database,
+        }) => {
+            let group = group.trim();
+            if group.is_empty() || group.contains(char::is_whitespace) {
+                bail!("{group:?} is not a group name: one word, like billing-leads");
+            }
+            let opened = open(&database).await?;
+            let user = opened
+                .saga_store()
+                .set_group(username.trim(), group, change == "add")
+                .await?;
+            eprintln!(
+                "{} is in: {}",
+                user.username,
+                if user.groups.is_empty() {
+                    "no group".to_owned()
+                } else {
+                    user.groups.join(", ")
+                }
+            );
+            Ok(())
+        }
         Command::Token(TokenCommand::Revoke { agent, database }) => {
             let opened = open(&database).await?;
             let revoked = opened.saga_store().revoke_tokens(agent.trim()).await?;
@@ -136,9 +162,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Doctor(args) => {
-            let report =
-                crate::ops::doctor::examine(args.tools.as_deref(), &args.database.database_url)
-                    .await;
+            let report = crate::ops::doctor::examine(
+                args.tools.as_deref(),
+                &args.database.database_url,
+                &args.sign_in,
+            )
+            .await;
             print!("{}", report.text());
             match report.fixes() {
                 0 => Ok(()),

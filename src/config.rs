@@ -136,6 +136,9 @@ pub struct DoctorArgs {
     pub tools: Option<PathBuf>,
     #[command(flatten)]
     pub database: DatabaseArgs,
+    /// The identity provider, when one is configured, is checked too.
+    #[command(flatten)]
+    pub sign_in: SignIn,
 }
 
 #[cfg(feature = "simulators")]
@@ -368,6 +371,17 @@ pub enum UserCommand {
         /// viewer, approver or admin
         #[arg(long)]
         role: String,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// Put a support lead in a group, or take them out of one (a tool's
+    /// `approvers` name groups); it applies from their next request.
+    Group {
+        /// add or remove
+        #[arg(value_parser = ["add", "remove"])]
+        change: String,
+        username: String,
+        group: String,
         #[command(flatten)]
         database: DatabaseArgs,
     },

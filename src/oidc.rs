@@ -395,6 +395,81 @@ impl Provider {
     }
 }
 
+/// What `saga-harness doctor` found of the provider: each line fine
+/// (`Ok`) or something to fix (`Err`).
+pub type Findings = Vec<Result<String, String>>;
+
+impl Provider {
+    /// Discovery, the keys, and whether the token endpoint accepts the
+    /// client id and secret: a code nobody was given is exchanged, and a
+    /// provider that knows the client refuses the code (`invalid_grant`)
+    /// where it would refuse the client (`invalid_client`).
+    pub async fn examine(&self) -> Findings {
+        let mut found = Vec::new();
+        let discovery = format!(
+            "{}/.well-known/openid-configuration",
+            self.issuer.as_str().trim_end_matches('/')
+        );
+        let metadata = match self.metadata(false).await {
+            Ok(metadata) => metadata,
+            Err(SignInRefusal::Issuer) => {
+                found.push(Err(format!(
+                    "{discovery} names another issuer than {}: set --oidc-issuer to exactly the `issuer` it names",
+                    self.issuer.as_str()
+                )));
+                return found;
+            }
+            Err(_) => {
+                found.push(Err(format!(
+                    "{discovery} did not answer with a discovery document: is --oidc-issuer right, and is the provider reachable from here?"
+                )));
+                return found;
+            }
+        };
+        found.push(Ok(format!("discovery document read from {discovery}")));
+        match metadata.jwks().keys().len() {
+            0 => found.push(Err(format!(
+                "{} publishes no signing key: no ID token could be checked",
+                metadata.jwks_uri().as_str()
+            ))),
+            n => found.push(Ok(format!(
+                "{n} signing key(s) at {}",
+                metadata.jwks_uri().as_str()
+            ))),
+        }
+        let client = self.client(metadata);
+        let Ok(request) =
+            client.exchange_code(AuthorizationCode::new("saga-harness-doctor-probe".into()))
+        else {
+            found.push(Err("the discovery document names no token endpoint".into()));
+            return found;
+        };
+        let answer = request
+            .set_pkce_verifier(PkceCodeVerifier::new("a".repeat(64)))
+            .request_async(&self.http)
+            .await;
+        found.push(match answer {
+            Err(RequestTokenError::ServerResponse(refusal)) => match refusal.error().as_ref() {
+                "invalid_client" | "unauthorized_client" => Err(format!(
+                    "the provider refused the client id {} and its secret ({}): check --oidc-client-id and SAGA_OIDC_CLIENT_SECRET",
+                    self.client_id.as_str(),
+                    refusal.error().as_ref()
+                )),
+                _ => Ok(format!(
+                    "the provider accepts the client id {} and its secret",
+                    self.client_id.as_str()
+                )),
+            },
+            Err(RequestTokenError::Request(_)) => Err(
+                "the token endpoint did not answer: is the provider reachable from here?".into(),
+            ),
+            Ok(_) => Err("the token endpoint exchanged a made-up code: it is not safe to use".into()),
+            Err(other) => Err(format!("the token endpoint's answer could not be read: {other}")),
+        });
+        found
+    }
+}
+
 /// The groups a claim lists: an array of names, or one name.
 fn groups_in(extra: &Extra, claim: &str) -> Option<Vec<String>> {
     match extra.0.get(claim)? {

@@ -911,11 +911,19 @@ async fn refresh_session_user(state: &AppState, session: &Session) -> Result<(),
         (StatusCode::INTERNAL_SERVER_ERROR, incident.message()).into_response()
     };
     match state.store.credentials(&user.username).await {
-        Ok(Some(current)) if current.user.role == user.role => Ok(()),
+        Ok(Some(current))
+            if current.user.role == user.role && current.user.groups == user.groups =>
+        {
+            Ok(())
+        }
         Ok(Some(current)) => session
             .insert(
                 SESSION_USER_KEY,
-                SessionUser::local(current.user.username, current.user.role),
+                SessionUser::local(
+                    current.user.username,
+                    current.user.role,
+                    current.user.groups,
+                ),
             )
             .await
             .map_err(|e| failed(&e)),

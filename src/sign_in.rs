@@ -117,10 +117,10 @@ async fn callback(
     let user = SessionUser {
         username: identity.name,
         role: identity.role,
+        groups: identity.groups,
         federated: Some(Federated {
             issuer: identity.issuer,
             subject: identity.subject,
-            groups: identity.groups,
             granted_by: identity.granted_by,
         }),
     };

@@ -158,6 +158,24 @@ async fn decision(engine: &Engine, slack: &SlackApprovals, press: &Press) -> Res
         Err(err) => return Err(crate::incident::Incident::record("Slack decision", &err).message()),
     };
     let person = Actor::User(user.username.clone());
+    let how = crate::saga::rights::SignedIn::Slack {
+        user: press.slack_user.clone(),
+    };
+    let needed = crate::saga::rights::rights_of(engine.registry(), &approval);
+    let right = match crate::saga::rights::granted(&needed, &user.groups) {
+        Ok(giving) => crate::saga::rights::right_note(&how, &giving),
+        Err(lacking) => {
+            let line = crate::saga::rights::refused_note(&how, approval_id, &user.groups, &lacking);
+            if let Err(err) = engine.store().note(approval.run_id, &person, &line).await {
+                return Err(crate::incident::Incident::record("Slack decision", &err).message());
+            }
+            return Err(format!(
+                "{cannot}: {} {} is not in a group that may.",
+                crate::saga::rights::who_may(&lacking).unwrap_or_default(),
+                user.username
+            ));
+        }
+    };
     let decided = match approval.kind {
         ApprovalKind::Pivot => engine
             .decide_pivot(approval_id, digest, approve, &person, Via::Slack)
@@ -168,6 +186,11 @@ async fn decision(engine: &Engine, slack: &SlackApprovals, press: &Press) -> Res
             .await
             .map(|_| ()),
     };
+    if decided.is_ok() {
+        if let Err(err) = engine.store().note(approval.run_id, &person, &right).await {
+            tracing::error!(%err, "writing a decision's right to the audit trail");
+        }
+    }
     decided.map_err(|refusal| match refusal {
         Refusal::Store(StoreError::PlanChanged) => {
             "The plan was replaced or edited after this button was drawn, so nothing was decided; decide on the plan as its message now reads.".to_owned()

@@ -175,7 +175,11 @@ impl Dashboard {
             let sheet = crate::ui::run::ssr::detail(
                 &self.state,
                 run,
-                &crate::ui::SessionUser::local("lead".into(), crate::saga::class::Role::Approver),
+                &crate::ui::SessionUser::local(
+                    "lead".into(),
+                    crate::saga::class::Role::Approver,
+                    Vec::new(),
+                ),
             )
             .await?;
             page.push(at.elapsed().as_secs_f64() * 1e3);

@@ -74,7 +74,11 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Checks the tools file at `tools` (if given) and the database at
 /// `database_url`.
-pub async fn examine(tools: Option<&Path>, database_url: &str) -> Report {
+pub async fn examine(
+    tools: Option<&Path>,
+    database_url: &str,
+    sign_in: &crate::config::SignIn,
+) -> Report {
     let mut report = Report::default();
     if let Some(path) = tools {
         if let Some(registry) = tools_file(
@@ -97,7 +101,28 @@ pub async fn examine(tools: Option<&Path>, database_url: &str) -> Report {
         report.section(format!("database {}", crate::store::redact(database_url))),
     )
     .await;
+    if sign_in.oidc_issuer.is_some() || sign_in.oidc_client_id.is_some() {
+        identity_provider(sign_in, report.section("identity provider")).await;
+    }
     report
+}
+
+/// Signing in through the identity provider: its configuration, discovery,
+/// keys, and the client id and secret.
+async fn identity_provider(sign_in: &crate::config::SignIn, findings: &mut Vec<Finding>) {
+    // The redirect address does not matter to these checks.
+    let here: url::Url = "http://localhost/".parse().expect("a URL");
+    match crate::oidc::SignInPolicy::from_settings(sign_in, &here) {
+        Err(problem) => findings.push(Finding::Fix(problem)),
+        Ok(policy) => {
+            if let Some(provider) = policy.provider {
+                findings.extend(provider.examine().await.into_iter().map(|line| match line {
+                    Ok(fine) => Finding::Ok(fine),
+                    Err(fix) => Finding::Fix(fix),
+                }));
+            }
+        }
+    }
 }
 
 fn tools_file(path: &Path, findings: &mut Vec<Finding>) -> Option<Registry> {

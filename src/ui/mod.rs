@@ -37,6 +37,10 @@ pub const SESSION_USER_KEY: &str = "user";
 pub struct SessionUser {
     pub username: String,
     pub role: Role,
+    /// The groups that may give them the right to decide a tool's calls
+    /// (a tool's `approvers`): a local account's, or the provider's.
+    #[serde(default)]
+    pub groups: Vec<String>,
     /// Signed in through the company's identity provider; `None` for a
     /// local account's password.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -52,16 +56,17 @@ pub struct Federated {
     pub issuer: String,
     /// The person's subject there (`sub`).
     pub subject: String,
-    pub groups: Vec<String>,
+    /// The group that gave them their role.
     pub granted_by: String,
 }
 
 impl SessionUser {
     /// Someone signed in with a local account's password.
-    pub fn local(username: String, role: Role) -> Self {
+    pub fn local(username: String, role: Role, groups: Vec<String>) -> Self {
         SessionUser {
             username,
             role,
+            groups,
             federated: None,
         }
     }
@@ -513,7 +518,7 @@ pub async fn login(username: String, password: String) -> Result<(), ServerFnErr
     session
         .insert(
             SESSION_USER_KEY,
-            SessionUser::local(user.username, user.role),
+            SessionUser::local(user.username, user.role, user.groups),
         )
         .await
         .map_err(ssr::internal)?;
@@ -696,6 +701,63 @@ pub mod ssr {
             ));
         }
         Ok(crate::saga::model::Actor::User(user.username))
+    }
+
+    /// How `user` signed in, for the audit trail.
+    pub fn signed_in_how(user: &SessionUser) -> crate::saga::rights::SignedIn {
+        match &user.federated {
+            Some(f) => crate::saga::rights::SignedIn::Provider {
+                issuer: f.issuer.clone(),
+                subject: f.subject.clone(),
+            },
+            None => crate::saga::rights::SignedIn::Password,
+        }
+    }
+
+    /// The signed-in person, if they may decide `approval`: their role is
+    /// an approver's, and for every tool of it that names approver groups
+    /// they are in one. A refusal is a 403 that says who may, and is
+    /// written to the audit trail. `Ok` also gives the audit line of the
+    /// right, to write once the decision is made.
+    pub async fn deciding_on(
+        state: &AppState,
+        approval: &crate::saga::model::Approval,
+    ) -> Result<(crate::saga::model::Actor, String), ServerFnError> {
+        use crate::saga::rights;
+        let person = deciding_person().await?;
+        let user = signed_in().await?;
+        let how = signed_in_how(&user);
+        let needed = rights::rights_of(&state.registry, approval);
+        match rights::granted(&needed, &user.groups) {
+            Ok(giving) => Ok((person, rights::right_note(&how, &giving))),
+            Err(lacking) => {
+                let line = rights::refused_note(&how, approval.id, &user.groups, &lacking);
+                if let Err(err) = state.store.note(approval.run_id, &person, &line).await {
+                    return Err(internal(err));
+                }
+                Err(refused(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "{} {} is not in a group that may.",
+                        rights::who_may(&lacking).unwrap_or_default(),
+                        user.username
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Writes where a decision's right came from to the audit trail; a
+    /// failure is logged, the decision stands.
+    pub async fn note_right(
+        state: &AppState,
+        run: uuid::Uuid,
+        person: &crate::saga::model::Actor,
+        line: &str,
+    ) {
+        if let Err(err) = state.store.note(run, person, line).await {
+            tracing::error!(%err, "writing a decision's right to the audit trail");
+        }
     }
 
     /// Sends the browser back to `page` with what happened in words, kept

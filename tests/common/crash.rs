@@ -173,6 +173,14 @@ impl SagaStore for CrashingStore {
     ) -> StoreResult<saga_harness::saga::model::User> {
         self.inner.set_role(username, role).await
     }
+    async fn set_group(
+        &self,
+        username: &str,
+        group: &str,
+        member: bool,
+    ) -> StoreResult<saga_harness::saga::model::User> {
+        self.inner.set_group(username, group, member).await
+    }
     async fn revoke_tokens(&self, agent: &str) -> StoreResult<u64> {
         self.inner.revoke_tokens(agent).await
     }

@@ -111,6 +111,18 @@ impl Browser {
         }
     }
 
+    /// A page's HTML, as the server renders it.
+    pub async fn page(&self, url: &str) -> String {
+        self.http
+            .get(url)
+            .send()
+            .await
+            .expect("the page answers")
+            .text()
+            .await
+            .expect("the page's text")
+    }
+
     /// `GET url`; the `Location` it answers with, resolved against `url`.
     pub async fn location_of(&self, url: &str) -> Option<String> {
         let response = self.http.get(url).send().await.expect("an answer");

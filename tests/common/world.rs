@@ -419,6 +419,20 @@ impl Connector for Witness {
 }
 
 /// The tools the engine tests register, over the model world.
+/// Every operation the model world serves (what `TOOLS` calls).
+pub const OPERATIONS: &[&str] = &[
+    "crm.lookup",
+    "tickets.create",
+    "tickets.close",
+    "payments.authorize",
+    "payments.cancel",
+    "payments.charge",
+    "payments.refund",
+    "mail.send",
+    "warehouse.reship",
+    "warehouse.cancel",
+];
+
 pub const TOOLS: &str = r#"
 [[tool]]
 name = "crm.lookup"

@@ -12,19 +12,6 @@ use saga_harness::connectors::ConnectorSet;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-const WORLD_OPERATIONS: &[&str] = &[
-    "crm.lookup",
-    "tickets.create",
-    "tickets.close",
-    "payments.authorize",
-    "payments.cancel",
-    "payments.charge",
-    "payments.refund",
-    "mail.send",
-    "warehouse.reship",
-    "warehouse.cancel",
-];
-
 struct Api {
     base: String,
     token: String,
@@ -42,7 +29,7 @@ async fn start(db: common::TestDb) -> Api {
     let path = tools.path().join("tools.toml");
     std::fs::write(&path, TOOLS).unwrap();
     let world = Arc::new(World::new());
-    let connectors = ConnectorSet::new().serve(WORLD_OPERATIONS, world.clone());
+    let connectors = ConnectorSet::new().serve(common::world::OPERATIONS, world.clone());
     let app = Spawn::on(&db)
         .tools(path)
         .connectors(connectors)

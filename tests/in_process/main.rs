@@ -7,6 +7,7 @@
 mod common;
 
 mod api;
+mod approvers;
 mod connector_http;
 mod connector_jira;
 mod connector_slack;

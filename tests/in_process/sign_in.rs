@@ -76,16 +76,7 @@ fn refused_with(refusal: SignInRefusal) -> String {
 
 /// What the sign-in page says after a refusal, as a person reads it.
 async fn login_page_says(browser: &Browser, base: &str, landed: &str) -> String {
-    let page = browser
-        .http
-        .get(format!("{base}{landed}"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    common::visible_text(&page)
+    common::visible_text(&browser.page(&format!("{base}{landed}")).await)
 }
 
 async fn nobody_is_signed_in(browser: &Browser, base: &str) {
@@ -140,6 +131,35 @@ async fn a_person_signs_in_with_the_role_their_groups_give(db: common::TestDb) {
 #[tokio::test]
 async fn sqlite_a_person_signs_in_with_the_role_their_groups_give() {
     a_person_signs_in_with_the_role_their_groups_give(common::sqlite()).await;
+}
+
+#[tokio::test]
+async fn neither_the_client_secret_nor_a_token_is_kept_in_the_database() {
+    let db = common::sqlite();
+    let file = db.url.trim_start_matches("sqlite://").to_owned();
+    let setup = with_provider(db, &[], |_| {}).await;
+    let browser = Browser::new();
+    assert_eq!(
+        browser.sign_in(setup.base(), "ada").await.landed,
+        format!("{}/", setup.base())
+    );
+    // A page after sign-in, so the session is written back.
+    browser.me(setup.base()).await.expect("signed in");
+    let mut bytes = std::fs::read(&file).unwrap();
+    if let Ok(wal) = std::fs::read(format!("{file}-wal")) {
+        bytes.extend(wal);
+    }
+    let holds = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    assert!(
+        holds(b"ada@example.com"),
+        "the session is not in the file read"
+    );
+    assert!(
+        !holds(CLIENT_SECRET.as_bytes()),
+        "the client secret is stored"
+    );
+    // Every JWT (ID token, access token) starts with the base64 of `{"`.
+    assert!(!holds(b"eyJ"), "a token is stored");
 }
 
 #[tokio::test]
@@ -457,15 +477,7 @@ async fn a_provider_that_does_not_answer_is_said_so_within_its_timeout() {
 async fn with_local_accounts_off_the_password_form_is_gone_and_its_endpoint_refuses() {
     let setup = with_provider(common::sqlite(), &[], |s| s.local_accounts = false).await;
     let browser = Browser::new();
-    let page = browser
-        .http
-        .get(format!("{}/login", setup.base()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = browser.page(&format!("{}/login", setup.base())).await;
     assert!(common::visible_text(&page).contains("Sign in with Example SSO"));
     assert!(
         !page.contains("name=\"password\""),
@@ -530,4 +542,44 @@ async fn start_up_refuses_half_a_provider_configuration_and_a_server_nobody_can_
         .await;
     let err = nobody.err().expect("refused").to_string();
     assert!(err.contains("nobody could sign in"), "{err}");
+}
+
+/// `doctor`'s findings under "identity provider", as text.
+async fn doctor_says(sign_in: &SignIn) -> String {
+    let db = common::sqlite();
+    let report = saga_harness::ops::doctor::examine(None, &db.url, sign_in).await;
+    report
+        .sections
+        .iter()
+        .find(|(title, _)| title == "identity provider")
+        .map(|(_, findings)| format!("{findings:?}"))
+        .expect("an identity provider section")
+}
+
+#[tokio::test]
+async fn doctor_says_whether_discovery_the_keys_and_the_client_secret_are_right() {
+    let setup = with_provider(common::sqlite(), &[], |_| {}).await;
+    let issuer = setup.provider.issuer.clone();
+    let right = doctor_says(&settings(&issuer)).await;
+    assert!(right.contains("discovery document read"), "{right}");
+    assert!(right.contains("1 signing key(s)"), "{right}");
+    assert!(right.contains("accepts the client id"), "{right}");
+    assert!(!right.contains("Fix("), "{right}");
+
+    let mut wrong_secret = settings(&issuer);
+    wrong_secret.oidc_client_secret = Some("not-the-secret-not-the-secret-0000".to_owned().into());
+    let said = doctor_says(&wrong_secret).await;
+    assert!(said.contains("refused the client id"), "{said}");
+    assert!(
+        !said.contains("not-the-secret"),
+        "the secret is printed: {said}"
+    );
+
+    let port = reqwest::Url::parse(&issuer).unwrap().port().unwrap();
+    let said = doctor_says(&settings(&format!("http://localhost:{port}"))).await;
+    assert!(said.contains("names another issuer"), "{said}");
+
+    let nobody = common::process::free_port();
+    let said = doctor_says(&settings(&format!("http://127.0.0.1:{nobody}"))).await;
+    assert!(said.contains("did not answer"), "{said}");
 }

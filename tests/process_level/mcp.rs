@@ -1198,7 +1198,7 @@ async fn doctor_lists_each_upstream_tool_with_its_hints_and_class() {
     )
     .unwrap();
     let db = common::sqlite();
-    let report = saga_harness::ops::doctor::examine(Some(&tools), &db.url)
+    let report = saga_harness::ops::doctor::examine(Some(&tools), &db.url, &Default::default())
         .await
         .text();
     assert!(

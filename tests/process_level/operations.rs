@@ -28,19 +28,6 @@ use uuid::Uuid;
 
 const AGENT: &str = "support-bot";
 
-const WORLD_OPERATIONS: &[&str] = &[
-    "crm.lookup",
-    "tickets.create",
-    "tickets.close",
-    "payments.authorize",
-    "payments.cancel",
-    "payments.charge",
-    "payments.refund",
-    "mail.send",
-    "warehouse.reship",
-    "warehouse.cancel",
-];
-
 /// A harness in this process over the model world, with its metrics
 /// listener on a port of its own.
 struct Ops {
@@ -60,7 +47,7 @@ async fn start(db: common::TestDb) -> Ops {
     let path = tools.path().join("tools.toml");
     std::fs::write(&path, TOOLS).unwrap();
     let world = Arc::new(World::new());
-    let connectors = ConnectorSet::new().serve(WORLD_OPERATIONS, world.clone());
+    let connectors = ConnectorSet::new().serve(crate::common::world::OPERATIONS, world.clone());
     let app = Spawn::on(&db)
         .tools(path)
         .connectors(connectors)

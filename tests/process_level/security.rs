@@ -1044,6 +1044,31 @@ async fn removed_people_changed_roles_and_revoked_tokens_take_effect_at_once() {
         "the next request sees the new role"
     );
 
+    let grouped = command(&db.url, &["user", "group", "add", "dana", "billing-leads"]);
+    assert!(
+        String::from_utf8_lossy(&grouped.stderr).contains("dana is in: billing-leads"),
+        "{}",
+        String::from_utf8_lossy(&grouped.stderr)
+    );
+    assert_eq!(
+        whoami(&dana).await["groups"],
+        serde_json::json!(["billing-leads"]),
+        "the next request sees the new group"
+    );
+    let ungrouped = command(
+        &db.url,
+        &["user", "group", "remove", "dana", "billing-leads"],
+    );
+    assert!(ungrouped.status.success());
+    assert_eq!(whoami(&dana).await["groups"], serde_json::json!([]));
+    let spaced = command(&db.url, &["user", "group", "add", "dana", "billing leads"]);
+    assert!(!spaced.status.success());
+    assert!(
+        String::from_utf8_lossy(&spaced.stderr).contains("is not a group name"),
+        "{}",
+        String::from_utf8_lossy(&spaced.stderr)
+    );
+
     let removed = command(&db.url, &["user", "remove", "--username", "LEE"]);
     assert!(
         removed.status.success(),

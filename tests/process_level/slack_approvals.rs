@@ -715,6 +715,62 @@ async fn under_the_two_person_rule_one_person_cannot_approve_twice() {
             && e.to_status.as_deref() == Some("approved")));
 }
 
+#[tokio::test]
+async fn a_slack_press_from_someone_outside_the_tools_approver_groups_decides_nothing() {
+    let s = setup_with(common::sqlite(), "", "", |file| {
+        let tools = file["tool"].as_array_mut().unwrap();
+        let email = tools
+            .iter_mut()
+            .find(|t| t["name"].as_str() == Some("send_email"))
+            .unwrap();
+        email.as_table_mut().unwrap().insert(
+            "approvers".into(),
+            toml::Value::Array(vec![toml::Value::String("support-leads".into())]),
+        );
+    })
+    .await;
+    let (run, _approval, key) = s.waiting_pivot("slack-approver-groups").await;
+    s.posted(&key).await;
+
+    // The lead is an approver, but in no group the email asks for.
+    s.press(&key, "saga_approve", LEAD).await;
+    let told = s.told(LEAD).await;
+    assert!(
+        told.contains("Only members of support-leads may decide this."),
+        "{told}"
+    );
+    assert_eq!(s.run_status(run).await, "AWAITING_APPROVAL");
+    assert_eq!(s.emails_to_grace(), 0);
+    let refused = s.state.store.events(Some(run), 100).await.unwrap();
+    assert!(
+        refused.iter().any(|e| e.actor == Actor::User("lead".into())
+            && e.detail
+                .as_deref()
+                .is_some_and(|d| d.starts_with("refused a decision")
+                    && d.contains(&format!("pressed in Slack as {LEAD}")))),
+        "{refused:#?}"
+    );
+
+    // In the group, the same press decides.
+    s.state
+        .store
+        .set_group("lead", "support-leads", true)
+        .await
+        .unwrap();
+    s.press(&key, "saga_approve", LEAD).await;
+    s.updated_to_say(&key, "Commit: 1 of 1 steps confirmed")
+        .await;
+    assert_eq!(s.emails_to_grace(), 1);
+    let events = s.state.store.events(Some(run), 100).await.unwrap();
+    assert!(
+        events.iter().any(|e| e.detail.as_deref()
+            == Some(&*format!(
+                "decided having pressed in Slack as {LEAD}; the right from group support-leads"
+            ))),
+        "{events:#?}"
+    );
+}
+
 /// `person` saves an edit of step `step`'s arguments on the run page, as the
 /// form posts it; the answer's status and the flash the next page shows.
 async fn edit_in_dashboard(

@@ -380,7 +380,6 @@ async fn frozen(db: common::TestDb, target: Target, freeze: Freeze) {
         launch = launch.env(&name, &value);
     }
     let frozen = TestProcess::start(&launch).await;
-    let other = spawn_harness(&db, &tools, Some(lease_ms)).await;
     let http = reqwest::Client::new();
     let run = new_run(&http, &frozen.base, &token, "frozen on its way to a call").await;
     let in_flight = tokio::spawn({
@@ -394,6 +393,10 @@ async fn frozen(db: common::TestDb, target: Target, freeze: Freeze) {
         (0, 0),
         "nothing left before the freeze"
     );
+    // Started only now: on a loaded machine the wait for the freeze may
+    // outlast the lease, and the other instance would carry the run on
+    // before the line above had looked.
+    let other = spawn_harness(&db, &tools, Some(lease_ms)).await;
     tokio::time::sleep(Duration::from_millis(3 * lease_ms)).await;
     let (status, taken_over) = post(
         &http,

@@ -48,6 +48,8 @@ pub mod resend;
 #[cfg(feature = "engine")]
 pub mod resume;
 #[cfg(feature = "engine")]
+pub mod rights;
+#[cfg(feature = "engine")]
 mod run_locks;
 #[cfg(feature = "engine")]
 pub mod store;

@@ -581,6 +581,8 @@ pub struct User {
     pub id: i64,
     pub username: String,
     pub role: Role,
+    /// The groups the account is in (`saga-harness user group add`).
+    pub groups: Vec<String>,
     pub created_at: DateTime<Utc>,
 }
 

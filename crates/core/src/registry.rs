@@ -132,6 +132,11 @@ pub struct ToolSpec {
     /// Every call of this tool needs two different approvers.
     #[serde(default)]
     pub two_people: bool,
+    /// The groups whose members may approve a pivot or a held step that
+    /// contains this tool; empty: `[approvals] approvers`, and when that
+    /// is empty too, any approver.
+    #[serde(default)]
+    pub approvers: Vec<String>,
 }
 
 /// A tool as an upstream MCP server lists it: what the registry needs to
@@ -213,6 +218,7 @@ impl ToolSpec {
             description: tool.description,
             approval_deadline: None,
             two_people: false,
+            approvers: Vec::new(),
         }
     }
 
@@ -584,6 +590,9 @@ pub struct ApprovalPolicy {
     pub two_people_above: Option<i64>,
     /// Each tool's own `approval_deadline`.
     per_tool: BTreeMap<String, std::time::Duration>,
+    /// `approvers`: the groups that may decide calls of a tool that names
+    /// none of its own; empty: any approver.
+    pub approvers: Vec<String>,
 }
 
 impl ApprovalPolicy {
@@ -608,6 +617,21 @@ impl ApprovalPolicy {
     pub fn deadline_for(&self, tool: &str) -> Option<std::time::Duration> {
         self.per_tool.get(tool).copied().or(self.deadline)
     }
+}
+
+/// A list of group names, each a non-empty word without spaces.
+fn group_names(value: &toml::Value) -> Result<Vec<String>, String> {
+    let problem = || "must be a list of group names, like [\"billing-leads\"]".to_owned();
+    let items = value.as_array().ok_or_else(problem)?;
+    items
+        .iter()
+        .map(|item| match item.as_str() {
+            Some(name) if !name.trim().is_empty() && !name.contains(char::is_whitespace) => {
+                Ok(name.to_owned())
+            }
+            _ => Err(problem()),
+        })
+        .collect()
 }
 
 /// Reads a duration written as people write one ("90s", "30m", "4h 30m").
@@ -648,6 +672,13 @@ fn approval_policy(
             }
             continue;
         }
+        if key == "approvers" {
+            match group_names(value) {
+                Ok(groups) => policy.approvers = groups,
+                Err(problem) => say("[approvals]", "approvers", problem),
+            }
+            continue;
+        }
         let target = match key.as_str() {
             "deadline" => &mut policy.deadline,
             "escalate_after" => &mut policy.escalate_after,
@@ -656,7 +687,7 @@ fn approval_policy(
                 say(
                     "[approvals]",
                     "(section)",
-                    format!("`{other}` is not a setting (deadline, escalate_after, two_people_above, slack)"),
+                    format!("`{other}` is not a setting (deadline, escalate_after, two_people_above, approvers, slack)"),
                 );
                 continue;
             }
@@ -897,6 +928,15 @@ impl Registry {
         &self.approval_policy
     }
 
+    /// The groups whose members may decide a call of `tool`: its own
+    /// `approvers`, else `[approvals] approvers`; empty: any approver.
+    pub fn approver_groups(&self, tool: &str) -> &[String] {
+        match self.tools.get(tool) {
+            Some(spec) if !spec.approvers.is_empty() => &spec.approvers,
+            _ => &self.approval_policy.approvers,
+        }
+    }
+
     pub fn tools(&self) -> impl Iterator<Item = &ToolSpec> {
         self.tools.values()
     }
@@ -940,6 +980,16 @@ fn shape_mistakes(spec: &ToolSpec) -> Vec<FieldMistake> {
     }
     if spec.connector.trim().is_empty() {
         say("connector", "empty");
+    }
+    if spec
+        .approvers
+        .iter()
+        .any(|g| g.trim().is_empty() || g.contains(char::is_whitespace))
+    {
+        say(
+            "approvers",
+            "must be a list of group names, like [\"billing-leads\"]",
+        );
     }
     match spec.class {
         ToolClass::Pure => {}

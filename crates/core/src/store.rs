@@ -452,6 +452,9 @@ pub trait SagaStore: Send + Sync + 'static {
     async fn remove_user(&self, username: &str) -> StoreResult<User>;
     /// Changes a person's role; it applies from their next request.
     async fn set_role(&self, username: &str, role: super::class::Role) -> StoreResult<User>;
+    /// Puts a person in `group` (`member`) or takes them out of it; it
+    /// applies from their next request.
+    async fn set_group(&self, username: &str, group: &str, member: bool) -> StoreResult<User>;
     /// Revokes every live token of an agent; returns how many.
     async fn revoke_tokens(&self, agent: &str) -> StoreResult<u64>;
     async fn add_api_token(

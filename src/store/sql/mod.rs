@@ -1658,15 +1658,7 @@ macro_rules! saga_store_over_dialect {
             async fn set_role(&self, username: &str, role: Role) -> StoreResult<User> {
                 let mut conn = self.write(Durability::Durable).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
-                let before = Sql::<Self>::query("SELECT * FROM users WHERE lower(username) = lower($1)")
-                    .bind(username)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(db)?
-                    .ok_or_else(|| StoreError::NotFound {
-                        what: format!("user {username}"),
-                    })?;
-                let before = Sql::<Self>::user_from(&before)?;
+                let before = Sql::<Self>::user_named(&mut tx, username).await?;
                 let row = Sql::<Self>::query("UPDATE users SET role = $1 WHERE id = $2 RETURNING *")
                     .bind(role.as_str())
                     .bind(before.id)
@@ -1680,6 +1672,40 @@ macro_rules! saga_store_over_dialect {
                     Some(before.role.as_str()),
                     Some(role.as_str()),
                     format!("role of {} changed", user.username),
+                    Utc::now(),
+                )
+                .await?;
+                Sql::<Self>::commit(tx).await?;
+                Ok(user)
+            }
+
+            async fn set_group(&self, username: &str, group: &str, member: bool) -> StoreResult<User> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let before = Sql::<Self>::user_named(&mut tx, username).await?;
+                let mut groups = before.groups.clone();
+                groups.retain(|g| g != group);
+                if member {
+                    groups.push(group.to_owned());
+                }
+                let row = Sql::<Self>::query("UPDATE users SET member_of = $1 WHERE id = $2 RETURNING *")
+                    .bind(serde_json::to_string(&groups).map_err(|e| StoreError::Invalid(e.to_string()))?)
+                    .bind(before.id)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                let user = Sql::<Self>::user_from(&row)?;
+                Sql::<Self>::user_event(
+                    &mut tx,
+                    &user,
+                    None,
+                    None,
+                    format!(
+                        "{} {} group {group} (now in: {})",
+                        user.username,
+                        if member { "added to" } else { "removed from" },
+                        if user.groups.is_empty() { "no group".to_owned() } else { user.groups.join(", ") }
+                    ),
                     Utc::now(),
                 )
                 .await?;

@@ -298,8 +298,23 @@ where
             id: Self::get(row, "id")?,
             username: Self::text(row, "username")?,
             role: Self::parsed::<Role>(row, "role")?,
+            groups: serde_json::from_str(&Self::text(row, "member_of")?)
+                .map_err(|e| StoreError::Invalid(format!("a user's groups: {e}")))?,
             created_at: Self::get(row, "created_at")?,
         })
+    }
+
+    /// A person's account by name (any case), read in `conn`'s transaction.
+    pub(crate) async fn user_named(conn: &mut DbConn<D>, username: &str) -> StoreResult<User> {
+        let row = Self::query("SELECT * FROM users WHERE lower(username) = lower($1)")
+            .bind(username)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db)?
+            .ok_or_else(|| StoreError::NotFound {
+                what: format!("user {username}"),
+            })?;
+        Self::user_from(&row)
     }
 
     /// The audit line of a change to a person's account (made from the

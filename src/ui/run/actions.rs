@@ -34,7 +34,8 @@ pub async fn decide_pivot(
     #[server(default)] reason: Option<String>,
 ) -> Result<(), ServerFnError> {
     use crate::saga::status::InWords;
-    let person = crate::ui::ssr::deciding_person().await?;
+    // A viewer is refused before anything is read.
+    crate::ui::ssr::deciding_person().await?;
     // Also where the browser is sent back to: a run id, never other text.
     let run = crate::ui::ssr::run_id(&run)?;
     let state = crate::ui::ssr::app_state()?;
@@ -44,8 +45,9 @@ pub async fn decide_pivot(
         return Ok(());
     }
     let done = match state.engine.approval_of_run(run, approval).await {
-        Ok(_) => {
-            state
+        Ok(row) => {
+            let (person, right) = crate::ui::ssr::deciding_on(&state, &row).await?;
+            let decided = state
                 .engine
                 .decide_pivot_because(
                     approval,
@@ -55,7 +57,11 @@ pub async fn decide_pivot(
                     crate::saga::model::Via::Dashboard,
                     reason.as_deref(),
                 )
-                .await
+                .await;
+            if decided.is_ok() {
+                crate::ui::ssr::note_right(&state, run, &person, &right).await;
+            }
+            decided
         }
         Err(refused) => Err(refused),
     };
@@ -81,7 +87,8 @@ pub async fn edit_pivot_step(
     step: i64,
     args: String,
 ) -> Result<(), ServerFnError> {
-    let person = crate::ui::ssr::deciding_person().await?;
+    // A viewer is refused before anything is read.
+    crate::ui::ssr::deciding_person().await?;
     let run = crate::ui::ssr::run_id(&run)?;
     let state = crate::ui::ssr::app_state()?;
     let done = match serde_json::from_str::<serde_json::Value>(&args) {
@@ -89,11 +96,14 @@ pub async fn edit_pivot_step(
             "The arguments of step {step} are not JSON ({e}); nothing was changed."
         )),
         Ok(args) => match state.engine.approval_of_run(run, approval).await {
-            Ok(_) => state
-                .engine
-                .edit_pivot(approval, &digest, step, args, &person)
-                .await
-                .map_err(|refusal| format!("{refusal}; nothing was changed.")),
+            Ok(row) => {
+                let (person, _) = crate::ui::ssr::deciding_on(&state, &row).await?;
+                state
+                    .engine
+                    .edit_pivot(approval, &digest, step, args, &person)
+                    .await
+                    .map_err(|refusal| format!("{refusal}; nothing was changed."))
+            }
             Err(refusal) => Err(refusal.to_string()),
         },
     };
@@ -118,14 +128,16 @@ pub async fn decide_step(
     digest: String,
     decision: String,
 ) -> Result<(), ServerFnError> {
-    let person = crate::ui::ssr::deciding_person().await?;
+    // A viewer is refused before anything is read.
+    crate::ui::ssr::deciding_person().await?;
     // Also where the browser is sent back to: a run id, never other text.
     let run = crate::ui::ssr::run_id(&run)?;
     let state = crate::ui::ssr::app_state()?;
     let approve = crate::ui::ssr::choice("decision", &decision, "approve", "reject")?;
     let done = match state.engine.approval_of_run(run, approval).await {
-        Ok(_) => {
-            state
+        Ok(row) => {
+            let (person, right) = crate::ui::ssr::deciding_on(&state, &row).await?;
+            let decided = state
                 .engine
                 .decide_step(
                     approval,
@@ -134,7 +146,11 @@ pub async fn decide_step(
                     &person,
                     crate::saga::model::Via::Dashboard,
                 )
-                .await
+                .await;
+            if decided.is_ok() {
+                crate::ui::ssr::note_right(&state, run, &person, &right).await;
+            }
+            decided
         }
         Err(refused) => Err(refused),
     };

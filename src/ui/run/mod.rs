@@ -102,6 +102,10 @@ pub fn StatusWords(words: &'static str, constant: &'static str) -> impl IntoView
 
 fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
     let pending = pivot.status == ApprovalStatus::Pending;
+    // The role lets them decide, and so do their groups.
+    let role_may = may;
+    let may = may && pivot.deciders.you;
+    let who = pivot.deciders.who.clone().filter(|_| pending);
     let run = run.to_owned();
     let (approval, digest) = (pivot.approval_id, pivot.digest.clone());
     let decision = match (&pivot.decided_by, &pivot.decided_at) {
@@ -132,6 +136,7 @@ fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
             <p class="if-reject">{glance.if_reject.clone()}</p>
             {decision.map(|d| view! { <p class="decided" role="status">"Decision: " {d}</p> })}
             {pivot.note.clone().map(|n| view! { <p class="muted">{n}</p> })}
+            {who.map(|who| view! { <p class="who-may">{who}</p> })}
             {(pending && may).then(|| view! {
                 <div class="decide">
                     <ActionForm action=decide>
@@ -151,7 +156,7 @@ fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
                     </ActionForm>
                 </div>
             })}
-            {(pending && !may).then(|| view! {
+            {(pending && !role_may).then(|| view! {
                 <p class="muted">"Only an approver can decide this pivot."</p>
             })}
             {(!pivot.messages.is_empty()).then(|| view! {
@@ -235,6 +240,8 @@ fn edit_form(run: &str, approval: i64, digest: &str, call: &PlannedView) -> impl
 
 fn held_panel(run: &str, held: HeldView, may: bool) -> impl IntoView {
     let decide = ServerAction::<DecideStep>::new();
+    let may = may && held.deciders.you;
+    let who = held.deciders.who.clone();
     let run = run.to_owned();
     let (approval, digest) = (held.approval_id, held.digest.clone());
     let (run_a, run_r, digest_a, digest_r) =
@@ -245,6 +252,7 @@ fn held_panel(run: &str, held: HeldView, may: bool) -> impl IntoView {
             <p class="muted">"Held before it was sent: step " {held.step_idx}</p>
             {held.waiting.clone().map(|waiting| view! { <p class="meta">{waiting}</p> })}
             <CallWords words=held.words.clone()/>
+            {who.map(|who| view! { <p class="who-may">{who}</p> })}
             {may.then(|| view! {
                 <div class="decide">
                     <ActionForm action=decide>

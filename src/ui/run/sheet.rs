@@ -94,6 +94,17 @@ pub struct PivotView {
     pub messages: Vec<MessageView>,
     /// What approvers changed before deciding, oldest first.
     pub edits: Vec<EditView>,
+    pub deciders: Deciders,
+}
+
+/// Who may decide an approval, and whether the reader may.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Deciders {
+    /// "Only members of billing-leads may decide this."; `None`: any
+    /// approver may.
+    pub who: Option<String>,
+    /// The reader is in a group that may (their role aside).
+    pub you: bool,
 }
 
 /// The pivot in five seconds.
@@ -154,6 +165,7 @@ pub struct HeldView {
     pub words: CallInWords,
     /// Its deadline, and where else it was asked for.
     pub waiting: Option<String>,
+    pub deciders: Deciders,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -57,6 +57,20 @@ async fn waiting_note(
     Ok((!said.is_empty()).then(|| said.join(" · ")))
 }
 
+/// Who may decide `approval`, and whether `viewer`'s groups let them.
+fn deciders(
+    registry: &crate::saga::registry::Registry,
+    approval: &crate::saga::model::Approval,
+    viewer: &crate::ui::SessionUser,
+) -> Deciders {
+    use crate::saga::rights;
+    let needed = rights::rights_of(registry, approval);
+    Deciders {
+        who: rights::who_may(&needed),
+        you: rights::granted(&needed, &viewer.groups).is_ok(),
+    }
+}
+
 /// The run page as `viewer` sees it: what they may decide and undo is
 /// the engine's answer for them.
 pub async fn detail(
@@ -87,7 +101,17 @@ pub async fn detail(
 
     let known = referents(&steps);
     let step_views = step_views(registry, &steps, &compensations, &events, &known);
-    let pivot = pivot_view(registry, &run, &steps, &approvals, &waiting, &known);
+    let deciders_of = |approval_id: i64| {
+        approvals
+            .iter()
+            .find(|a| a.id == approval_id)
+            .map(|a| deciders(registry, a, viewer))
+            .unwrap_or_default()
+    };
+    let pivot = pivot_view(registry, &run, &steps, &approvals, &waiting, &known).map(|mut p| {
+        p.deciders = deciders_of(p.approval_id);
+        p
+    });
     let held = approvals
         .iter()
         .filter(|a| a.kind == ApprovalKind::Step && a.status == ApprovalStatus::Pending)
@@ -105,6 +129,7 @@ pub async fn detail(
                     &known,
                 ),
                 waiting: waiting.get(&a.id).cloned().flatten(),
+                deciders: deciders(registry, a, viewer),
             })
         })
         .collect();
@@ -325,6 +350,7 @@ fn pivot_view(
             expires_at: a.expires_at.map(when),
             waiting: waiting.get(&a.id).cloned().flatten(),
             note: a.note.clone(),
+            deciders: Deciders::default(),
             staged: staged(steps)
                 .map(|s| StagedView {
                     step: s.step_idx,
