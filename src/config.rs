@@ -231,7 +231,7 @@ pub struct SignIn {
     /// `admin=platform,approver=support-leads,viewer=support`. A person
     /// gets the highest role any of their groups gives.
     #[arg(long, env = "SAGA_OIDC_ROLES", value_name = "ROLE=GROUP,…")]
-    pub oidc_roles: Option<crate::oidc::RoleMap>,
+    pub oidc_roles: Option<RoleMap>,
     /// The provider's name on the sign-in button ("Sign in with Okta");
     /// default: the issuer's host.
     #[arg(long, env = "SAGA_OIDC_NAME")]
@@ -405,4 +405,42 @@ pub enum TokenCommand {
         #[command(flatten)]
         database: DatabaseArgs,
     },
+}
+
+/// Which groups give which role: `admin=platform,approver=support-leads`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoleMap(Vec<(crate::saga::class::Role, String)>);
+
+impl std::str::FromStr for RoleMap {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut pairs = Vec::new();
+        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let Some((role, group)) = pair.split_once('=') else {
+                return Err(format!("{pair:?} is not ROLE=GROUP"));
+            };
+            let role: crate::saga::class::Role = role.trim().parse().map_err(|e| format!("{e}"))?;
+            let group = group.trim();
+            if group.is_empty() {
+                return Err(format!("{pair:?} names no group"));
+            }
+            pairs.push((role, group.to_owned()));
+        }
+        if pairs.is_empty() {
+            return Err("no ROLE=GROUP pair: nobody could sign in".into());
+        }
+        Ok(RoleMap(pairs))
+    }
+}
+
+impl RoleMap {
+    /// The highest role any of `groups` gives, with the group that gave it.
+    pub fn role_of(&self, groups: &[String]) -> Option<(crate::saga::class::Role, String)> {
+        self.0
+            .iter()
+            .filter(|(_, group)| groups.iter().any(|g| g == group))
+            .max_by_key(|(role, _)| *role)
+            .cloned()
+    }
 }

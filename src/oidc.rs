@@ -6,7 +6,7 @@
 //! the provider's keys once more. A person's role comes from their groups
 //! at every sign-in and lives only as long as the session.
 
-use crate::config::SignIn;
+use crate::config::{RoleMap, SignIn};
 use crate::saga::class::Role;
 use crate::ui::sign_in::SignInRefusal;
 use openidconnect::core::{
@@ -22,44 +22,6 @@ use openidconnect::{
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
-
-/// Which groups give which role: `admin=platform,approver=support-leads`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RoleMap(Vec<(Role, String)>);
-
-impl std::str::FromStr for RoleMap {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let mut pairs = Vec::new();
-        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let Some((role, group)) = pair.split_once('=') else {
-                return Err(format!("{pair:?} is not ROLE=GROUP"));
-            };
-            let role: Role = role.trim().parse().map_err(|e| format!("{e}"))?;
-            let group = group.trim();
-            if group.is_empty() {
-                return Err(format!("{pair:?} names no group"));
-            }
-            pairs.push((role, group.to_owned()));
-        }
-        if pairs.is_empty() {
-            return Err("no ROLE=GROUP pair: nobody could sign in".into());
-        }
-        Ok(RoleMap(pairs))
-    }
-}
-
-impl RoleMap {
-    /// The highest role any of `groups` gives, with the group that gave it.
-    pub fn role_of(&self, groups: &[String]) -> Option<(Role, String)> {
-        self.0
-            .iter()
-            .filter(|(_, group)| groups.iter().any(|g| g == group))
-            .max_by_key(|(role, _)| *role)
-            .cloned()
-    }
-}
 
 /// Who signed in through the provider.
 #[derive(Clone, Debug, PartialEq, Eq)]

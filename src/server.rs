@@ -388,15 +388,16 @@ async fn live_changes(
 ) -> Response {
     use crate::streams::Holder;
     use axum::response::sse::{KeepAlive, Sse};
-    let person = match session.get::<SessionUser>(SESSION_USER_KEY).await {
-        Ok(Some(user)) => user.username,
+    let holder = match session.get::<SessionUser>(SESSION_USER_KEY).await {
+        Ok(Some(user)) if user.federated.is_some() => Holder::Federated(user.username),
+        Ok(Some(user)) => Holder::Person(user.username),
         Ok(None) => return StatusCode::UNAUTHORIZED.into_response(),
         Err(err) => {
             tracing::error!(%err, "reading the session for the dashboard stream");
             return StatusCode::SERVICE_UNAVAILABLE.into_response();
         }
     };
-    let slot = state.streams.open(Holder::Person(person));
+    let slot = state.streams.open(holder);
     let batches = state.streams.subscribe();
     let start = match headers
         .get("last-event-id")
@@ -415,6 +416,10 @@ async fn live_changes(
     };
     let changes = Changes {
         last: start,
+        // A new listener is told of a change at once: whatever was written
+        // between the page's first read and this stream's start (the page
+        // refetches once) is not missed.
+        greet: !headers.contains_key("last-event-id"),
         catching_up: true,
         batches,
         store: state.store.clone(),
@@ -433,6 +438,7 @@ async fn live_changes(
 /// event, from the poller's batches (from the database when behind).
 struct Changes {
     last: i64,
+    greet: bool,
     catching_up: bool,
     batches: tokio::sync::broadcast::Receiver<Arc<Vec<crate::saga::model::Event>>>,
     store: Arc<dyn crate::saga::store::SagaStore>,
@@ -442,6 +448,14 @@ struct Changes {
 impl Changes {
     async fn next(&mut self) -> Option<axum::response::sse::Event> {
         use tokio::sync::broadcast::error::RecvError;
+        if std::mem::take(&mut self.greet) {
+            return Some(
+                axum::response::sse::Event::default()
+                    .id(self.last.to_string())
+                    .event("change")
+                    .data("0"),
+            );
+        }
         loop {
             let fresh: Vec<i64> = if self.catching_up {
                 match self.store.all_events_after(self.last, 200).await {

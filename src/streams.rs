@@ -38,8 +38,13 @@ const PAGE: i64 = 500;
 pub enum Holder {
     /// An agent, by its bearer token's hash.
     Token(String),
-    /// A person signed in to the dashboard, by username.
+    /// A person signed in to the dashboard with a local account, by
+    /// username.
     Person(String),
+    /// A person the identity provider signed in, by the name the session
+    /// gives them: they have no local account to be removed from, and
+    /// their session's maximum age ends their access.
+    Federated(String),
 }
 
 struct Held {
@@ -197,6 +202,7 @@ impl Streams {
             let gone = match &holder {
                 Holder::Token(hash) => matches!(self.store.agent_for_token(hash).await, Ok(None)),
                 Holder::Person(name) => matches!(self.store.credentials(name).await, Ok(None)),
+                Holder::Federated(_) => false,
             };
             // A holder that cannot be checked now is checked again next time.
             if gone {

@@ -135,11 +135,25 @@ async fn decision(engine: &Engine, slack: &SlackApprovals, press: &Press) -> Res
         return Err("That button does not name an approval.".into());
     };
     let cannot = "You cannot approve this";
-    let Some(username) = slack.dashboard_user(&press.slack_user) else {
-        return Err(format!(
-            "{cannot}: your Slack account is not linked to a dashboard user."
-        ));
+    let username = match slack.dashboard_user(&press.slack_user).await {
+        Ok(Some(username)) => username,
+        Ok(None) if slack.users_by_email => {
+            return Err(format!(
+                "{cannot}: your Slack account is not linked to a dashboard user, and no dashboard user is named by the email your Slack profile shows."
+            ))
+        }
+        Ok(None) => {
+            return Err(format!(
+                "{cannot}: your Slack account is not linked to a dashboard user."
+            ))
+        }
+        Err(why) => {
+            return Err(format!(
+                "{cannot} now: Slack did not say who you are ({why}). Nothing was decided; try again."
+            ))
+        }
     };
+    let username = username.as_str();
     let user = match engine.store().credentials(username).await {
         Ok(Some(credentials)) => credentials.user,
         Ok(None) => return Err(format!("{cannot}: the dashboard has no user {username}.")),

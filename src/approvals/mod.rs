@@ -10,13 +10,17 @@
 //! escalate_channel = "#support-leads"        # optional: after [approvals] escalate_after
 //! signing_secret_env = "SLACK_SIGNING_SECRET" # the app's signing secret
 //! dashboard_url = "https://saga.example.com"  # optional: for the run page link
+//! users_by_email = true                       # optional: see below
 //! [approvals.slack.users]                     # Slack user ID → dashboard user
 //! U0123LEAD = "lead"
 //! ```
 //!
 //! Posting uses the `[connectors.slack]` connector (its bot token). Only a
-//! Slack user the map names, whose dashboard user is an approver or an
-//! admin, can decide; anyone else is told so privately.
+//! Slack user linked to a dashboard user who is an approver or an admin can
+//! decide; anyone else is told so privately. A Slack user is linked by the
+//! map, or with `users_by_email` by Slack's `users.info`: the dashboard
+//! account named by their profile's email (the app needs the
+//! `users:read.email` scope).
 
 pub mod interactions;
 pub mod message;
@@ -42,7 +46,20 @@ struct Settings {
     dashboard_url: Option<String>,
     #[serde(default)]
     users: BTreeMap<String, String>,
+    /// Link Slack users the map does not name by their profile's email.
+    #[serde(default)]
+    users_by_email: bool,
 }
+
+/// Slack users' emails kept: at most this many (the least recently used
+/// is forgotten first, so nobody is ever refused for want of room) …
+const EMAILS_KEPT: std::num::NonZeroUsize = std::num::NonZeroUsize::new(10_000).unwrap();
+/// … each for this long (a changed email is seen after it) …
+const EMAIL_KEPT_FOR: std::time::Duration = std::time::Duration::from_secs(600);
+/// … and a user without one for this long (one added is seen soon).
+const NO_EMAIL_KEPT_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
+type Emails = lru::LruCache<String, (Option<String>, std::time::Instant)>;
 
 /// Slack approvals as the tools file configures them.
 pub struct SlackApprovals {
@@ -51,6 +68,9 @@ pub struct SlackApprovals {
     signing_secret: SecretString,
     /// Slack user ID → dashboard username.
     users: BTreeMap<String, String>,
+    /// Others are linked by their Slack email (`users.info`).
+    pub users_by_email: bool,
+    emails: std::sync::Mutex<Emails>,
     /// Where the dashboard is reached, for links to a run's page.
     pub dashboard_url: String,
     pub slack: SlackConnector,
@@ -136,6 +156,8 @@ impl SlackApprovals {
                 escalate_channel: settings.escalate_channel,
                 signing_secret,
                 users: settings.users,
+                users_by_email: settings.users_by_email,
+                emails: std::sync::Mutex::new(lru::LruCache::new(EMAILS_KEPT)),
                 dashboard_url,
                 slack,
                 nudged: tokio::sync::Notify::new(),
@@ -148,9 +170,45 @@ impl SlackApprovals {
         self.signing_secret.expose_secret()
     }
 
-    /// The dashboard user a Slack user acts as, if the map names one.
-    pub fn dashboard_user(&self, slack_user: &str) -> Option<&str> {
-        self.users.get(slack_user).map(String::as_str)
+    /// The dashboard user a Slack user acts as: the map's, else (with
+    /// `users_by_email`) the one named by their Slack email; `Err` when
+    /// Slack could not say who they are.
+    pub async fn dashboard_user(&self, slack_user: &str) -> Result<Option<String>, String> {
+        if let Some(name) = self.users.get(slack_user) {
+            return Ok(Some(name.clone()));
+        }
+        if !self.users_by_email {
+            return Ok(None);
+        }
+        if let Some(known) = self.email_kept(slack_user) {
+            return Ok(known);
+        }
+        let email = self.slack.user_email(slack_user).await?;
+        self.emails
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .put(
+                slack_user.to_owned(),
+                (email.clone(), std::time::Instant::now()),
+            );
+        Ok(email)
+    }
+
+    /// A Slack user's email as last read, while it is fresh.
+    fn email_kept(&self, slack_user: &str) -> Option<Option<String>> {
+        let mut emails = self.emails.lock().unwrap_or_else(|p| p.into_inner());
+        let (email, read_at) = emails.get(slack_user)?.clone();
+        let kept_for = if email.is_some() {
+            EMAIL_KEPT_FOR
+        } else {
+            NO_EMAIL_KEPT_FOR
+        };
+        if read_at.elapsed() < kept_for {
+            Some(email)
+        } else {
+            emails.pop(slack_user);
+            None
+        }
     }
 
     /// The link to a run's page.

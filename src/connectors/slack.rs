@@ -458,6 +458,23 @@ impl SlackConnector {
         }
     }
 
+    /// A Slack user's email address (`users.info`; Slack shows it only to
+    /// an app with the `users:read.email` scope): `Ok(None)` for a user
+    /// with none, or one Slack does not know.
+    pub async fn user_email(&self, user: &str) -> Result<Option<String>, String> {
+        let request = self.get("users.info").query(&[("user", user)]);
+        match self.read(request, "users.info").await {
+            Ok(Ok(body)) => Ok(body
+                .pointer("/user/profile/email")
+                .and_then(Value::as_str)
+                .filter(|email| !email.is_empty())
+                .map(str::to_owned)),
+            Ok(Err(code)) if code == "user_not_found" => Ok(None),
+            Ok(Err(code)) => Err(format!("users.info said {code}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// Answers a person privately through an interaction's `response_url`
     /// (an ephemeral message only they see).
     pub async fn respond(&self, response_url: &str, text: &str) -> Result<(), String> {

@@ -583,3 +583,35 @@ async fn doctor_says_whether_discovery_the_keys_and_the_client_secret_are_right(
     let said = doctor_says(&settings(&format!("http://127.0.0.1:{nobody}"))).await;
     assert!(said.contains("did not answer"), "{said}");
 }
+
+#[tokio::test]
+async fn the_live_dashboard_of_someone_the_provider_signed_in_stays_open() {
+    let setup = with_provider(common::sqlite(), &[], |_| {}).await;
+    let browser = Browser::new();
+    assert_eq!(
+        browser.sign_in(setup.base(), "ada").await.landed,
+        format!("{}/", setup.base())
+    );
+    let mut live = browser
+        .http
+        .get(format!("{}/dashboard/events", setup.base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), 200);
+    // A new listener is told of a change at once, so the page refetches
+    // what it may have missed while the stream was opening.
+    let first = tokio::time::timeout(Duration::from_secs(5), live.chunk())
+        .await
+        .expect("the greeting arrives")
+        .unwrap()
+        .expect("a chunk");
+    assert!(
+        String::from_utf8_lossy(&first).contains("event: change"),
+        "{first:?}"
+    );
+    // Ada has no local account: the check that ends a removed person's
+    // streams (every second) must leave hers open.
+    let ended = tokio::time::timeout(Duration::from_millis(2500), live.chunk()).await;
+    assert!(ended.is_err(), "the stream ended or spoke: {ended:?}");
+}

@@ -771,6 +771,48 @@ async fn a_slack_press_from_someone_outside_the_tools_approver_groups_decides_no
     );
 }
 
+#[tokio::test]
+async fn a_slack_user_the_map_does_not_name_is_linked_by_the_email_slack_gives() {
+    let s = setup_with(common::sqlite(), "", "users_by_email = true", |_| {}).await;
+    let hash = saga_harness::auth::hash_password(PASSWORD).unwrap();
+    s.state
+        .store
+        .add_user(
+            "ana@example.com",
+            &hash,
+            saga_harness::saga::class::Role::Approver,
+        )
+        .await
+        .unwrap();
+    let (run, _approval, key) = s.waiting_pivot("slack-by-email").await;
+    s.posted(&key).await;
+
+    // A bot without an email, and someone Slack does not know: refused.
+    for nobody in ["U0NOMAIL01", "U0UNKNOWN9"] {
+        s.press(&key, "saga_approve", nobody).await;
+        let told = s.told(nobody).await;
+        assert!(
+            told.contains("no dashboard user is named by the email"),
+            "{nobody}: {told}"
+        );
+    }
+    assert_eq!(s.run_status(run).await, "AWAITING_APPROVAL");
+
+    // Ana's Slack profile says ana@example.com, a dashboard approver.
+    s.press(&key, "saga_approve", "U0ANASIM01").await;
+    s.updated_to_say(&key, "Commit: 1 of 1 steps confirmed")
+        .await;
+    assert_eq!(s.emails_to_grace(), 1);
+    let events = s.state.store.events(Some(run), 100).await.unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.actor == Actor::User("ana@example.com".into())
+                && e.to_status.as_deref() == Some("approved")),
+        "{events:#?}"
+    );
+}
+
 /// `person` saves an edit of step `step`'s arguments on the run page, as the
 /// form posts it; the answer's status and the flash the next page shows.
 async fn edit_in_dashboard(

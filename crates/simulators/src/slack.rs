@@ -61,6 +61,7 @@ pub(super) fn web_api(sim: &SimState) -> (Router, SlackSim) {
             "/api/conversations.list",
             get(list_channels).post(list_channels_form),
         )
+        .route("/api/users.info", get(user_info).post(user_info_form))
         .with_state(state.clone());
     (mount(routes, sim, slack_error as ErrorShape), state)
 }
@@ -134,6 +135,7 @@ impl SlackSim {
 }
 
 struct Workspace {
+    members: Vec<Member>,
     channels: Vec<Channel>,
     /// The last `ts` handed out, in microseconds: every message gets a
     /// later one, as Slack's are unique per channel.
@@ -196,6 +198,46 @@ impl StoredMessage {
 }
 
 /// The channels every simulated workspace starts with.
+/// A member of the simulated workspace, as `users.info` shows them.
+struct Member {
+    id: &'static str,
+    name: &'static str,
+    real_name: &'static str,
+    /// What `profile.email` says; `None` as for a bot, or when the app
+    /// lacks the `users:read.email` scope.
+    email: Option<&'static str>,
+    is_bot: bool,
+}
+
+/// The workspace's people: two whose email names a dashboard account in
+/// the tests (`ana@example.com`, `lead@example.com`), one without an
+/// email (a bot).
+fn seed_members() -> Vec<Member> {
+    vec![
+        Member {
+            id: "U0ANASIM01",
+            name: "ana",
+            real_name: "Ana Lima",
+            email: Some("ana@example.com"),
+            is_bot: false,
+        },
+        Member {
+            id: "U0LEADSIM1",
+            name: "lead",
+            real_name: "Lee Adams",
+            email: Some("lead@example.com"),
+            is_bot: false,
+        },
+        Member {
+            id: "U0NOMAIL01",
+            name: "helper-bot",
+            real_name: "Helper",
+            email: None,
+            is_bot: true,
+        },
+    ]
+}
+
 fn seed_channels() -> Vec<Channel> {
     let channel = |id, name, is_private, is_member, is_archived| Channel {
         id,
@@ -218,6 +260,7 @@ fn seed_channels() -> Vec<Channel> {
 impl Workspace {
     fn new() -> Self {
         Workspace {
+            members: seed_members(),
             channels: seed_channels(),
             last_ts_micros: 0,
         }
@@ -597,6 +640,52 @@ async fn history(
         answer["response_metadata"] = json!({"next_cursor": format!("next_ts:{last}")});
     }
     Json(answer).into_response()
+}
+
+async fn user_info_form(
+    State(slack): State<SlackSim>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    user_info(State(slack), headers, Query(form_fields(&body))).await
+}
+
+/// `users.info`: one member by ID, with `profile.email` when they have one.
+async fn user_info(
+    State(slack): State<SlackSim>,
+    headers: HeaderMap,
+    Query(args): Query<HashMap<String, String>>,
+) -> Response {
+    if let Err(code) = authorised(&headers) {
+        return refuse(code);
+    }
+    let Some(wanted) = args.get("user").filter(|u| !u.is_empty()) else {
+        return refuse("user_not_found");
+    };
+    let workspace = slack.workspace.lock().expect("slack workspace lock");
+    let Some(member) = workspace.members.iter().find(|m| m.id == wanted) else {
+        return refuse("user_not_found");
+    };
+    let mut profile = json!({
+        "real_name": member.real_name,
+        "display_name": member.name,
+    });
+    if let Some(email) = member.email {
+        profile["email"] = json!(email);
+    }
+    Json(json!({
+        "ok": true,
+        "user": {
+            "id": member.id,
+            "team_id": TEAM_ID,
+            "name": member.name,
+            "deleted": false,
+            "real_name": member.real_name,
+            "is_bot": member.is_bot,
+            "profile": profile,
+        },
+    }))
+    .into_response()
 }
 
 async fn list_channels_form(
