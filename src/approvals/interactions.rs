@@ -175,19 +175,24 @@ async fn decision(engine: &Engine, slack: &SlackApprovals, press: &Press) -> Res
     let how = crate::saga::rights::SignedIn::Slack {
         user: press.slack_user.clone(),
     };
-    let needed = crate::saga::rights::rights_of(engine.registry(), &approval);
-    let right = match crate::saga::rights::granted(&needed, &user.groups) {
-        Ok(giving) => crate::saga::rights::right_note(&how, &giving),
-        Err(lacking) => {
-            let line = crate::saga::rights::refused_note(&how, approval_id, &user.groups, &lacking);
-            if let Err(err) = engine.store().note(approval.run_id, &person, &line).await {
+    let judged = crate::saga::rights::judge(
+        engine.registry(),
+        &approval,
+        &user.username,
+        &how,
+        &user.groups,
+    );
+    let right = match judged {
+        Ok(right) => right,
+        Err(no) => {
+            if let Err(err) = engine
+                .store()
+                .note(approval.run_id, &person, &no.audit)
+                .await
+            {
                 return Err(crate::incident::Incident::record("Slack decision", &err).message());
             }
-            return Err(format!(
-                "{cannot}: {} {} is not in a group that may.",
-                crate::saga::rights::who_may(&lacking).unwrap_or_default(),
-                user.username
-            ));
+            return Err(format!("{cannot}: {}", no.words));
         }
     };
     let decided = match approval.kind {

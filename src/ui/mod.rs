@@ -689,6 +689,11 @@ pub mod ssr {
     /// The signed-in person, if their role may decide (approve, reject,
     /// answer, unwind, sign off); otherwise a 403 that says so.
     pub async fn deciding_person() -> Result<crate::saga::model::Actor, ServerFnError> {
+        Ok(crate::saga::model::Actor::User(decider().await?.username))
+    }
+
+    /// The signed-in person, if their role may decide; otherwise a 403.
+    pub async fn decider() -> Result<SessionUser, ServerFnError> {
         let user = signed_in().await?;
         if !user.role.can_decide() {
             return Err(refused(
@@ -700,7 +705,7 @@ pub mod ssr {
                 ),
             ));
         }
-        Ok(crate::saga::model::Actor::User(user.username))
+        Ok(user)
     }
 
     /// How `user` signed in, for the audit trail.
@@ -714,35 +719,31 @@ pub mod ssr {
         }
     }
 
-    /// The signed-in person, if they may decide `approval`: their role is
-    /// an approver's, and for every tool of it that names approver groups
-    /// they are in one. A refusal is a 403 that says who may, and is
+    /// `user` (an approver, see [`decider`]), if they may decide
+    /// `approval`: for every tool of it that names approver groups they
+    /// are in one. A refusal is a 403 that says who may, and is
     /// written to the audit trail. `Ok` also gives the audit line of the
     /// right, to write once the decision is made.
     pub async fn deciding_on(
         state: &AppState,
         approval: &crate::saga::model::Approval,
+        user: &SessionUser,
     ) -> Result<(crate::saga::model::Actor, String), ServerFnError> {
-        use crate::saga::rights;
-        let person = deciding_person().await?;
-        let user = signed_in().await?;
-        let how = signed_in_how(&user);
-        let needed = rights::rights_of(&state.registry, approval);
-        match rights::granted(&needed, &user.groups) {
-            Ok(giving) => Ok((person, rights::right_note(&how, &giving))),
-            Err(lacking) => {
-                let line = rights::refused_note(&how, approval.id, &user.groups, &lacking);
-                if let Err(err) = state.store.note(approval.run_id, &person, &line).await {
+        let person = crate::saga::model::Actor::User(user.username.clone());
+        let judged = crate::saga::rights::judge(
+            &state.registry,
+            approval,
+            &user.username,
+            &signed_in_how(user),
+            &user.groups,
+        );
+        match judged {
+            Ok(right) => Ok((person, right)),
+            Err(no) => {
+                if let Err(err) = state.store.note(approval.run_id, &person, &no.audit).await {
                     return Err(internal(err));
                 }
-                Err(refused(
-                    StatusCode::FORBIDDEN,
-                    format!(
-                        "{} {} is not in a group that may.",
-                        rights::who_may(&lacking).unwrap_or_default(),
-                        user.username
-                    ),
-                ))
+                Err(refused(StatusCode::FORBIDDEN, no.words))
             }
         }
     }

@@ -147,6 +147,37 @@ pub fn refused_note(
     )
 }
 
+/// A refused attempt to decide: the audit line, and the words for the
+/// person (after "You cannot approve this: " in Slack).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub audit: String,
+    pub words: String,
+}
+
+/// Whether `person`, in `groups` and signed in as `signed_in`, may decide
+/// `approval`: `Ok` with the audit line of the right, to write once the
+/// decision is made; `Err` with the refusal to audit and to say.
+pub fn judge(
+    registry: &Registry,
+    approval: &Approval,
+    person: &str,
+    signed_in: &SignedIn,
+    groups: &[String],
+) -> Result<String, Refused> {
+    let needed = rights_of(registry, approval);
+    match granted(&needed, groups) {
+        Ok(giving) => Ok(right_note(signed_in, &giving)),
+        Err(lacking) => Err(Refused {
+            audit: refused_note(signed_in, approval.id, groups, &lacking),
+            words: format!(
+                "{} {person} is not in a group that may.",
+                who_may(&lacking).unwrap_or_default()
+            ),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,7 +35,7 @@ pub async fn decide_pivot(
 ) -> Result<(), ServerFnError> {
     use crate::saga::status::InWords;
     // A viewer is refused before anything is read.
-    crate::ui::ssr::deciding_person().await?;
+    let user = crate::ui::ssr::decider().await?;
     // Also where the browser is sent back to: a run id, never other text.
     let run = crate::ui::ssr::run_id(&run)?;
     let state = crate::ui::ssr::app_state()?;
@@ -46,7 +46,7 @@ pub async fn decide_pivot(
     }
     let done = match state.engine.approval_of_run(run, approval).await {
         Ok(row) => {
-            let (person, right) = crate::ui::ssr::deciding_on(&state, &row).await?;
+            let (person, right) = crate::ui::ssr::deciding_on(&state, &row, &user).await?;
             let decided = state
                 .engine
                 .decide_pivot_because(
@@ -88,7 +88,7 @@ pub async fn edit_pivot_step(
     args: String,
 ) -> Result<(), ServerFnError> {
     // A viewer is refused before anything is read.
-    crate::ui::ssr::deciding_person().await?;
+    let user = crate::ui::ssr::decider().await?;
     let run = crate::ui::ssr::run_id(&run)?;
     let state = crate::ui::ssr::app_state()?;
     let done = match serde_json::from_str::<serde_json::Value>(&args) {
@@ -97,7 +97,7 @@ pub async fn edit_pivot_step(
         )),
         Ok(args) => match state.engine.approval_of_run(run, approval).await {
             Ok(row) => {
-                let (person, _) = crate::ui::ssr::deciding_on(&state, &row).await?;
+                let (person, _) = crate::ui::ssr::deciding_on(&state, &row, &user).await?;
                 state
                     .engine
                     .edit_pivot(approval, &digest, step, args, &person)
@@ -129,14 +129,14 @@ pub async fn decide_step(
     decision: String,
 ) -> Result<(), ServerFnError> {
     // A viewer is refused before anything is read.
-    crate::ui::ssr::deciding_person().await?;
+    let user = crate::ui::ssr::decider().await?;
     // Also where the browser is sent back to: a run id, never other text.
     let run = crate::ui::ssr::run_id(&run)?;
     let state = crate::ui::ssr::app_state()?;
     let approve = crate::ui::ssr::choice("decision", &decision, "approve", "reject")?;
     let done = match state.engine.approval_of_run(run, approval).await {
         Ok(row) => {
-            let (person, right) = crate::ui::ssr::deciding_on(&state, &row).await?;
+            let (person, right) = crate::ui::ssr::deciding_on(&state, &row, &user).await?;
             let decided = state
                 .engine
                 .decide_step(
