@@ -93,7 +93,7 @@ fn documented() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     info(
         title = "Saga Harness agent API",
         version = "1",
-        description = "Tool calls with side effects go through the harness: it logs an intent before each call, derives idempotency keys from run and step, and reports outcomes (confirmed, failed, unknown, not_executed, awaiting_approval, rejected) as 200s. Refusals are 4xx with a stable `code`."
+        description = "Tool calls with side effects go through the harness: it logs an intent before each call, derives idempotency keys from run and step, and reports outcomes (confirmed, failed, unknown, not_executed, awaiting_approval, held_over_limit, rejected) as 200s. Refusals are 4xx with a stable `code`."
     ),
     modifiers(&BearerToken),
     security(("bearer" = [])),
@@ -650,7 +650,7 @@ struct CallRequest {
 #[utoipa::path(post, path = "/api/v1/runs/{run}/calls", tag = "runs", params(("run" = String, Path, description = "The run id (a UUID) from POST /api/v1/runs")),
     request_body = CallRequest,
     responses(
-        (status = 200, description = "The tool's outcome (confirmed, failed, unknown, not_executed, awaiting_approval, rejected); never an HTTP error", body = schema::CallOutcome),
+        (status = 200, description = "The tool's outcome (confirmed, failed, unknown, not_executed, awaiting_approval, held_over_limit, rejected); never an HTTP error", body = schema::CallOutcome),
         (status = 400, description = "Malformed JSON or run id", body = ErrorBody), (status = 413, description = "Body over 256 KiB", body = ErrorBody), (status = 415, description = "Not JSON", body = ErrorBody), (status = 422, description = "Wrong fields or types", body = ErrorBody), (status = 401, description = "Missing or wrong token", body = ErrorBody), (status = 404, description = "No such run for this agent", body = ErrorBody), (status = 403, description = "Refused: gated_tool, way_back_only", body = ErrorBody), (status = 409, description = "Refused by the run's state: step_unresolved, retry_of_unresolved_step, step_mismatch, step_out_of_order, run_awaiting_approval, run_past_pivot, run_needs_attention, run_closed, irreversible_before_pivot, run_has_open_effects, concurrent_change, run_busy (another instance holds the run, or this one lost it while paused: nothing was sent)", body = ErrorBody), (status = 503, description = "store_unavailable: the database cannot be reached; nothing was sent; send the same request again after Retry-After", body = ErrorBody)))]
 async fn call(
     State(state): State<AppState>,

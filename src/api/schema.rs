@@ -159,6 +159,35 @@ pub struct CallOutcome {
     next_step: i64,
     /// The index a new effect takes, whatever is owed.
     new_step: i64,
+    /// Only with `held_over_limit`: the limit the call would cross.
+    #[schema(required = false)]
+    limit: Option<OverLimit>,
+}
+
+// Sent as `crate::saga::limits::OverLimit`.
+/// A call held because it would take a limit of the tools file past its
+/// maximum (`[[limits.money]]`, `[[limits.recipients]]`, `[[limits.calls]]`).
+#[derive(ToSchema)]
+#[allow(dead_code)] // described, never built: the API sends the saga's own type
+pub struct OverLimit {
+    /// The limit's name.
+    #[schema(example = "refunds")]
+    limit: String,
+    /// Counted already in the limit's window, without this call (minor
+    /// units for money).
+    #[schema(example = 56200)]
+    used: i64,
+    /// This call's own amount.
+    #[schema(example = 4900)]
+    amount: i64,
+    /// The limit's maximum.
+    #[schema(example = 50000)]
+    max: i64,
+    /// The same, as the person deciding reads it.
+    #[schema(
+        example = "this would take demo-agent's refunds in the last 24 hours to $611.00 of $500.00"
+    )]
+    words: String,
 }
 
 // Read as `crate::saga::pivot::PlannedCall`.

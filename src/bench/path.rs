@@ -374,5 +374,6 @@ fn looked_up_step(run: Uuid, step: i64) -> NewStep {
         status: StepStatus::Intended,
         audience: Audience::Internal,
         phase: Phase::BeforePivot,
+        limits: Default::default(),
     }
 }

@@ -912,12 +912,11 @@ fn open_object() -> JsonObject {
 /// The engine's answer, as the model reads it. The structured content is
 /// the same object `/api/v1` answers with.
 fn answer(tool: &str, outcome: &CallOutcome, page: Option<&str>) -> CallToolResult {
-    let words = outcome_words(
-        outcome.outcome,
-        AskAgain::Tool(tool),
-        outcome.error.as_deref(),
-        page,
-    );
+    let why = match &outcome.limit {
+        Some(over) => Some(over.words.as_str()),
+        None => outcome.error.as_deref(),
+    };
+    let words = outcome_words(outcome.outcome, AskAgain::Tool(tool), why, page);
     let mut text = format!("{}: {words}", outcome.outcome.as_str());
     if let Some(reference) = &outcome.external_ref {
         text.push_str(&format!(" (reference {reference})"));

@@ -143,11 +143,40 @@ macro_rules! intent {
             irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11
          WHERE id = $1 AND next_step = $2",
             $also,
+            within_limits!(),
             ";",
             crate::store::sql::new_step_insert!(),
             " WHERE changes() = 1 RETURNING *;
              INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status, detail, at)
-             SELECT $1, 'step', $2, $13, NULL, $7, $14, $11 WHERE changes() = 1;"
+             SELECT $1, 'step', $2, $13, NULL, $7, $14, $11 WHERE changes() = 1;
+             INSERT INTO limit_usage (scope, run_id, step_idx, amount, at)
+             SELECT json_extract(c.value, '$.scope'), $1, $2, json_extract(c.value, '$.amount'),
+                 julianday('now')
+             FROM json_each($17, '$.charges') AS c WHERE changes() = 1;"
+        )
+    };
+}
+
+/// The limits test of an intent: `$17` is the step's limits (JSON, or
+/// NULL for none). When they are enforced, no charge may take its scope's
+/// counted usage in its window past its maximum. One process writes the
+/// file and each job's statements run in turn, so the sum sees every
+/// intent written before it, grouped or not.
+macro_rules! within_limits {
+    () => {
+        concat!(
+            " AND ($17 IS NULL OR json_extract($17, '$.enforce') = 0 OR NOT EXISTS (
+                SELECT 1 FROM json_each($17, '$.charges') AS c
+                WHERE json_extract(c.value, '$.amount') + (SELECT coalesce(sum(u.amount), 0)
+                    FROM limit_usage u
+                    JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
+                    WHERE u.scope = json_extract(c.value, '$.scope')
+                        AND (json_extract(c.value, '$.window_s') IS NULL
+                            OR u.at > julianday('now') - json_extract(c.value, '$.window_s') / 86400.0)
+                        AND s.status IN ",
+            crate::store::sql::counted_sql!(),
+            ")
+                    > json_extract(c.value, '$.max')))"
         )
     };
 }
@@ -232,6 +261,26 @@ impl Dialect for SqliteStore {
     const BACKEND: Backend = Backend::Sqlite;
     const RUN_FOR_UPDATE: &'static str = concat!("SELECT * FROM runs WHERE id = $1", "");
     const APPROVAL_FOR_UPDATE: &'static str = concat!("SELECT * FROM approvals WHERE id = $1", "");
+    const LIMIT_USED: &'static str = concat!(
+        "SELECT coalesce(sum(u.amount), 0) AS used FROM limit_usage u
+         JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
+         WHERE u.scope = $1 AND ($2 IS NULL OR u.at > julianday('now') - $2 / 86400.0)
+             AND s.status IN ",
+        crate::store::sql::counted_sql!()
+    );
+    const LIMIT_PEAK: &'static str = concat!(
+        "SELECT coalesce(max(used), 0) AS used FROM (
+             SELECT sum(u.amount) AS used FROM limit_usage u
+             JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
+             WHERE substr(u.scope, 1, length($1)) = $1
+                 AND ($2 IS NULL OR u.at > julianday('now') - $2 / 86400.0)
+                 AND s.status IN ",
+        crate::store::sql::counted_sql!(),
+        " GROUP BY u.scope)"
+    );
+    const USAGE_INSERT: &'static str =
+        "INSERT INTO limit_usage (scope, run_id, step_idx, amount, at)
+         VALUES ($1, $2, $3, $4, julianday('now'))";
 
     async fn read_conn(&self) -> StoreResult<PoolConnection<Sqlite>> {
         self.readers.acquire().await.map_err(db)
@@ -324,7 +373,8 @@ impl Dialect for SqliteStore {
                 .bind(actor.to_string())
                 .bind(step_event_detail(&new))
                 .bind(bearer.agent.to_owned())
-                .bind(bearer.token_to_check.map(str::to_owned)),
+                .bind(bearer.token_to_check.map(str::to_owned))
+                .bind(crate::store::sql::limits_json(&new)),
         )?;
         let rows = self
             .group
@@ -373,7 +423,11 @@ impl Dialect for SqliteStore {
             Sql::<SqliteStore>::bind_new_step(sqlx::query(""), &new, now)
                 .bind(i64::from(counts_as_irreversible(&new)))
                 .bind(actor.to_string())
-                .bind(step_event_detail(&new)),
+                .bind(step_event_detail(&new))
+                // `$15` and `$16` are the hot path's (`ready_run!`).
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(crate::store::sql::limits_json(&new)),
         )?;
         let rows = self
             .group
@@ -393,6 +447,9 @@ impl Dialect for SqliteStore {
             Some(row) => Sql::<SqliteStore>::step_from(row),
             None => {
                 let mut conn = self.write(Durability::Durable).await?;
+                if let Some(over) = Sql::<SqliteStore>::over_limit(&mut conn, &new.limits).await? {
+                    return Err(over);
+                }
                 Err(Sql::<SqliteStore>::why_step_refused(&mut conn, new.run_id, new.step_idx).await)
             }
         }

@@ -197,6 +197,12 @@ impl SagaStore for CrashingStore {
     async fn steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
         self.inner.steps(run_id).await
     }
+    async fn limit_usage(&self, scopes: &[(String, Option<i64>)]) -> StoreResult<Vec<i64>> {
+        self.inner.limit_usage(scopes).await
+    }
+    async fn limit_peaks(&self, limits: &[(String, Option<i64>)]) -> StoreResult<Vec<i64>> {
+        self.inner.limit_peaks(limits).await
+    }
     async fn unsettled_steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {
         self.inner.unsettled_steps(run_id).await
     }

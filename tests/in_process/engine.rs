@@ -957,6 +957,7 @@ async fn r11_a_crash_before_the_outcome_commit_is_recovered_from_the_real_system
                 compensation: None,
                 audience: saga_harness::saga::class::Audience::Finance,
                 phase: saga_harness::saga::class::Phase::BeforePivot,
+                limits: Default::default(),
             },
             &Actor::Agent(AGENT.into()),
         )
@@ -1634,6 +1635,7 @@ async fn the_seed_incident(s: Setup) {
                     .unwrap(),
                 audience: saga_harness::saga::class::Audience::Finance,
                 phase: saga_harness::saga::class::Phase::BeforePivot,
+                limits: Default::default(),
             },
             &Actor::Agent(AGENT.into()),
         )

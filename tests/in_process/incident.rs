@@ -128,6 +128,7 @@ async fn the_seed_incident_over_real_http(db: common::TestDb) {
                 compensation: spec.way_back(&key, &charge_args).unwrap(),
                 audience: Audience::Finance,
                 phase: Phase::BeforePivot,
+                limits: Default::default(),
             },
             &Actor::Agent(AGENT.into()),
         )

@@ -17,6 +17,7 @@ mod connector_zendesk;
 mod engine;
 mod engine_properties;
 mod incident;
+mod limits;
 mod server;
 mod sign_in;
 mod store_contract;

@@ -184,6 +184,7 @@ async fn runs_list_lists_runs_awaiting_approval_first() {
                 compensation: None,
                 audience: saga_harness::saga::class::Audience::Customer,
                 phase: saga_harness::saga::class::Phase::BeforePivot,
+                limits: Default::default(),
             },
             saga_harness::saga::model::NewApproval {
                 run_id: held.id,

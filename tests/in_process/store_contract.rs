@@ -78,6 +78,7 @@ fn step(run: &Run, idx: i64, tool: &str, class: ToolClass, status: StepStatus) -
         ),
         audience: Audience::Finance,
         phase: Phase::BeforePivot,
+        limits: Default::default(),
     }
 }
 

@@ -17,6 +17,9 @@ pub enum OutcomeKind {
     Unknown,
     NotExecuted,
     AwaitingApproval,
+    /// Held for a person because it would take a limit on the sum of calls
+    /// (money, recipients, calls) past its maximum; nothing was sent.
+    HeldOverLimit,
     Rejected,
     /// Held for a person, and nobody decided before the deadline: not
     /// sent, and nobody said no. Told as `rejected`, the set DESIGN.md §5
@@ -28,12 +31,13 @@ pub enum OutcomeKind {
 impl OutcomeKind {
     /// Every kind an agent can be told, as it is told (`Expired` is told
     /// as `rejected`).
-    pub const ALL: [OutcomeKind; 6] = [
+    pub const ALL: [OutcomeKind; 7] = [
         OutcomeKind::Confirmed,
         OutcomeKind::Failed,
         OutcomeKind::Unknown,
         OutcomeKind::NotExecuted,
         OutcomeKind::AwaitingApproval,
+        OutcomeKind::HeldOverLimit,
         OutcomeKind::Rejected,
     ];
 
@@ -65,6 +69,7 @@ impl OutcomeKind {
             OutcomeKind::Unknown => "unknown",
             OutcomeKind::NotExecuted => "not_executed",
             OutcomeKind::AwaitingApproval => "awaiting_approval",
+            OutcomeKind::HeldOverLimit => "held_over_limit",
             OutcomeKind::Rejected | OutcomeKind::Expired => "rejected",
         }
     }
@@ -144,6 +149,18 @@ pub fn outcome_words(
                 AskAgain::Tool(_) => "call it again",
             })
         ),
+        OutcomeKind::HeldOverLimit => format!(
+            "held for a person: {}; nothing was sent. Do not split it into smaller calls or \
+             retry it reworded: a person decides whether it goes past the limit. {}{} later \
+             to read the decision",
+            error.unwrap_or("it would cross a limit"),
+            page.map(|page| format!("A support lead decides at {page}. "))
+                .unwrap_or_default(),
+            capitalised(match again {
+                AskAgain::Step(_) => "re-send it",
+                AskAgain::Tool(_) => "call it again",
+            })
+        ),
         OutcomeKind::Rejected => {
             "a person rejected this call; it was not sent. Go on without it".to_owned()
         }
@@ -154,7 +171,7 @@ pub fn outcome_words(
     }
 }
 
-fn capitalised(words: &str) -> String {
+pub(crate) fn capitalised(words: &str) -> String {
     let mut chars = words.chars();
     match chars.next() {
         Some(first) => first.to_uppercase().chain(chars).collect(),
@@ -197,6 +214,10 @@ pub struct CallOutcome {
     pub next_step: i64,
     /// The index a new effect takes, whatever is owed.
     pub new_step: i64,
+    /// For `held_over_limit`: the limit, the sum so far, this call's
+    /// amount and the maximum.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<Box<super::limits::OverLimit>>,
 }
 
 impl CallOutcome {
@@ -217,7 +238,20 @@ impl CallOutcome {
             ),
             next_step: cursor.next_step,
             new_step: cursor.new_step,
+            limit: None,
         }
+    }
+
+    /// The answer about a step held over a limit.
+    pub fn over_limit(mut self, over: super::limits::OverLimit) -> CallOutcome {
+        self.message = outcome_words(
+            OutcomeKind::HeldOverLimit,
+            AskAgain::Step(self.step.unwrap_or_default()),
+            Some(&over.words),
+            None,
+        );
+        self.limit = Some(Box::new(over));
+        self
     }
 }
 

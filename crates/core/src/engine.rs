@@ -8,12 +8,14 @@
 //! under the same key and logged arguments if nothing happened.
 
 use super::agent_acts::{agent_may, AgentAct};
+use super::answer::capitalised;
 use super::class::{Phase, ToolClass};
 use super::connector::{
     classify, outcome_of_call, outcome_of_lookup, CallReport, Classified, Connector, Lookup,
     LookupError,
 };
 use super::key::step_key;
+use super::limits::{OverLimit, StepLimits};
 use super::model::*;
 use super::observe::{system_of, Observer, Settlement, SystemRequest, Unobserved};
 pub use super::refusal::Refusal;
@@ -600,9 +602,22 @@ impl Engine {
         if spec.gated {
             return Err(Refusal::GatedTool(tool.to_owned()));
         }
-        let (new, held_because) = new_step_row(spec, run.id, step, tool, &args);
+        let charges = self
+            .registry
+            .limits()
+            .charges(spec, &args, run.id, agent)
+            .map_err(|mistake| Refusal::InvalidArgs {
+                tool: tool.to_owned(),
+                mistake,
+            })?;
+        let (new, held_because) = new_step_row(spec, run.id, step, tool, &args, charges.step);
         tracing::Span::current().record("key", new.idempotency_key.as_str());
         let actor = Actor::Agent(agent.to_owned());
+        if let Some(over) = charges.over_now {
+            return self
+                .hold_over_limit(run, new, over, &actor, owed_steps(), listening)
+                .await;
+        }
         if let Some(reason) = held_because {
             // Held: the index is reserved and the exact call stored, with
             // its approval request, in one commit; nothing is sent.
@@ -634,11 +649,68 @@ impl Engine {
         if !intent_failpoint_met {
             crate::failpoint::hit("dispatch.before_intent");
         }
-        // R2: the row is committed before anything is sent.
-        let logged = self.store.record_step(new, &actor).await?;
+        // R2: the row is committed before anything is sent; with its
+        // limits checked and counted in the same commit.
+        let logged = match self.store.record_step(new.clone(), &actor).await {
+            Err(StoreError::OverLimit { charge, used }) => {
+                let over = match new.limits.charges.get(charge) {
+                    Some(crossed) => self.registry.limits().over(crossed, used, agent),
+                    None => return Err(StoreError::OverLimit { charge, used }.into()),
+                };
+                return self
+                    .hold_over_limit(run, new, over, &actor, owed_steps(), listening)
+                    .await;
+            }
+            other => other?,
+        };
         let settled = self.execute_logged(logged, &actor).await?;
         self.answer_agent(&settled, step + 1, owed_steps(), listening)
             .await
+    }
+
+    /// A call that would take a limit past its maximum: held for the
+    /// tool's approvers with the reason in words, nothing sent. Its charges
+    /// are kept with it, counted once a person approves it.
+    async fn hold_over_limit(
+        &self,
+        run: &Run,
+        mut new: NewStep,
+        over: OverLimit,
+        actor: &Actor,
+        owed: impl Iterator<Item = i64>,
+        listening: &(dyn Fn() -> bool + Sync),
+    ) -> Result<CallOutcome, Refusal> {
+        let spec = self.spec(&new.tool)?;
+        let step = new.step_idx;
+        new.status = StepStatus::AwaitingApproval;
+        new.limits = std::mem::take(&mut new.limits).counted_only();
+        let call = json!({
+            "tool": new.tool,
+            "args": new.args,
+            "step": step,
+            "over_limit": over,
+        });
+        let (held, _) = self
+            .store
+            .record_held_step(
+                new.clone(),
+                NewApproval {
+                    run_id: run.id,
+                    kind: ApprovalKind::Step,
+                    step_idx: Some(step),
+                    summary: capitalised(&over.words),
+                    digest: plan_digest(&call),
+                    plan: call,
+                    expires_at: self.deadline_of([new.tool.as_str()]),
+                    approvers_needed: self
+                        .registry
+                        .approval_policy()
+                        .approvers_for(spec, &new.args),
+                },
+                actor,
+            )
+            .await?;
+        self.answer_agent(&held, step + 1, owed, listening).await
     }
 
     /// The hot path of a new step (DESIGN.md §9): two statements. The
@@ -671,7 +743,19 @@ impl Engine {
         {
             return not_ready(false);
         }
-        let (new, held_because) = new_step_row(spec, run_id, step, tool, args);
+        // A call whose limits cannot be read, or that crosses one on its
+        // own, is the general path's to refuse or hold.
+        let Ok(charges) = self
+            .registry
+            .limits()
+            .charges(spec, args, run_id, bearer.agent)
+        else {
+            return not_ready(false);
+        };
+        if charges.over_now.is_some() {
+            return not_ready(false);
+        }
+        let (new, held_because) = new_step_row(spec, run_id, step, tool, args, charges.step);
         if held_because.is_some() {
             return not_ready(false);
         }
@@ -732,7 +816,25 @@ impl Engine {
         }
         let this = owed.then_some(step.step_idx);
         let cursor = Cursor::of(new_step, others.chain(this));
-        Ok(CallOutcome::of(step, kind, cursor))
+        let answer = CallOutcome::of(step, kind, cursor);
+        if kind != OutcomeKind::HeldOverLimit {
+            return Ok(answer);
+        }
+        Ok(match self.over_limit_of(step).await? {
+            Some(over) => answer.over_limit(over),
+            None => answer,
+        })
+    }
+
+    /// The limit a held step would cross, as its approval records it.
+    pub async fn over_limit_of(&self, step: &Step) -> Result<Option<OverLimit>, Refusal> {
+        let approvals = self.store.approvals(step.run_id).await?;
+        Ok(approvals
+            .iter()
+            .rev()
+            .find(|a| a.kind == ApprovalKind::Step && a.step_idx == Some(step.step_idx))
+            .and_then(|a| a.plan.get("over_limit"))
+            .and_then(|over| serde_json::from_value(over.clone()).ok()))
     }
 
     /// What the agent is told of `step`: what its status says, except that
@@ -753,7 +855,7 @@ impl Engine {
         let Some(run_id) = steps
             .iter()
             .zip(&kinds)
-            .find(|(_, kind)| **kind == OutcomeKind::Rejected)
+            .find(|(_, kind)| matches!(kind, OutcomeKind::Rejected | OutcomeKind::AwaitingApproval))
             .map(|(step, _)| step.run_id)
         else {
             return Ok(kinds);
@@ -769,8 +871,17 @@ impl Engine {
                             && a.step_idx == Some(step.step_idx)
                             && a.status == ApprovalStatus::Expired
                     });
+                let over_limit = kind == OutcomeKind::AwaitingApproval
+                    && approvals.iter().any(|a| {
+                        a.kind == ApprovalKind::Step
+                            && a.step_idx == Some(step.step_idx)
+                            && a.status == ApprovalStatus::Pending
+                            && a.plan.get("over_limit").is_some()
+                    });
                 if expired {
                     OutcomeKind::Expired
+                } else if over_limit {
+                    OutcomeKind::HeldOverLimit
                 } else {
                     kind
                 }
@@ -877,6 +988,7 @@ impl Engine {
             message,
             next_step: cursor.next_step,
             new_step: cursor.new_step,
+            limit: None,
         })
     }
 
@@ -1255,6 +1367,7 @@ fn new_step_row(
     step: i64,
     tool: &str,
     args: &Value,
+    limits: StepLimits,
 ) -> (NewStep, Option<String>) {
     let key = step_key(run_id, step, tool);
     let (compensation, held_because) = match spec.way_back(&key, args) {
@@ -1283,6 +1396,13 @@ fn new_step_row(
         compensation,
         audience: spec.audience_for(args),
         phase: Phase::BeforePivot,
+        // A step held for a person counts once it is approved; only an
+        // agent's call that goes at once must fit under its limits.
+        limits: if held_because.is_some() {
+            limits.counted_only()
+        } else {
+            limits
+        },
     };
     (new, held_because)
 }

@@ -32,6 +32,8 @@ pub mod failpoint;
 #[cfg(feature = "engine")]
 pub mod key;
 #[cfg(feature = "engine")]
+pub mod limits;
+#[cfg(feature = "engine")]
 pub mod model;
 #[cfg(feature = "engine")]
 pub mod observe;

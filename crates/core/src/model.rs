@@ -149,6 +149,10 @@ pub struct NewStep {
     pub compensation: Option<Value>,
     pub audience: Audience,
     pub phase: Phase,
+    /// What the step counts against the tools file's limits, checked (for
+    /// an agent's call) and counted in the intent's own commit.
+    #[serde(default)]
+    pub limits: super::limits::StepLimits,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -233,6 +233,14 @@ impl Engine {
                 None => {
                     let spec = self.spec(tool)?;
                     let key = step_key(run_id, idx, tool);
+                    // Approved by a person: counted against the limits,
+                    // never held by them.
+                    let limits = self
+                        .registry()
+                        .limits()
+                        .charges(spec, &call.args, run_id, &run.agent)
+                        .map(|charges| charges.step.counted_only())
+                        .unwrap_or_default();
                     crate::failpoint::hit("dispatch.before_intent");
                     let logged = self
                         .store()
@@ -248,6 +256,7 @@ impl Engine {
                                 compensation: call.way_back.clone().filter(|v| !v.is_null()),
                                 audience: spec.audience_for(&call.args),
                                 phase: Phase::AfterPivot,
+                                limits,
                             },
                             &Actor::System,
                         )

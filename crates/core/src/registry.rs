@@ -137,6 +137,10 @@ pub struct ToolSpec {
     /// is empty too, any approver.
     #[serde(default)]
     pub approvers: Vec<String>,
+    /// Which arguments are money (`money = { amount = "amount", currency =
+    /// "currency" }`), for `[[limits.money]]`.
+    #[serde(default)]
+    pub money: Option<super::limits::MoneyArgs>,
 }
 
 /// A tool as an upstream MCP server lists it: what the registry needs to
@@ -219,6 +223,7 @@ impl ToolSpec {
             approval_deadline: None,
             two_people: false,
             approvers: Vec::new(),
+            money: None,
         }
     }
 
@@ -573,6 +578,9 @@ struct ToolsFile {
     /// the approvals module.
     #[serde(default)]
     approvals: toml::Table,
+    /// `[[limits.money]]`, `[[limits.recipients]]`, `[[limits.calls]]`.
+    #[serde(default)]
+    limits: toml::Table,
 }
 
 /// How long approvals wait (`[approvals]`): until a deadline, after which
@@ -736,6 +744,7 @@ pub struct Registry {
     approvals: toml::Table,
     approval_policy: ApprovalPolicy,
     schemas: ArgsSchemas,
+    limits: super::limits::Limits,
 }
 
 impl Registry {
@@ -809,6 +818,7 @@ impl Registry {
             }
         }
         let approval_policy = approval_policy(&file.approvals, &tools, &mut mistakes);
+        let limits = super::limits::read_limits(&file.limits, &tools, &mut mistakes);
         if mistakes.is_empty() {
             Ok(Registry {
                 tools,
@@ -816,6 +826,7 @@ impl Registry {
                 approvals: file.approvals,
                 approval_policy,
                 schemas,
+                limits,
             })
         } else {
             Err(RegistryError::Mistakes(mistakes))
@@ -924,6 +935,11 @@ impl Registry {
     }
 
     /// How long approvals wait, and when they are escalated.
+    /// The tools file's limits on the sum of correct calls.
+    pub fn limits(&self) -> &super::limits::Limits {
+        &self.limits
+    }
+
     pub fn approval_policy(&self) -> &ApprovalPolicy {
         &self.approval_policy
     }
@@ -956,6 +972,7 @@ fn spec_mistakes(spec: &ToolSpec) -> Vec<RegistryMistake> {
         shape_mistakes(spec),
         correction_mistakes(spec),
         template_mistakes(spec),
+        super::limits::money_mistakes(spec),
     ]
     .into_iter()
     .flatten()

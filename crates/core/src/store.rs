@@ -45,6 +45,13 @@ pub enum StoreError {
     /// sent and nothing written.
     #[error("this harness instance lost its hold on the run (it was paused past its lease); nothing was sent")]
     LeaseLost,
+    /// The step's intent would take the limit of its charge number
+    /// `charge` past its maximum, `used` being counted already: nothing
+    /// was written.
+    #[error(
+        "the step would cross a limit (charge {charge}, {used} used already); nothing was written"
+    )]
+    OverLimit { charge: usize, used: i64 },
     /// The request cannot be stored as asked (says why).
     #[error("{0}")]
     Invalid(String),
@@ -281,6 +288,14 @@ pub trait SagaStore: Send + Sync + 'static {
     ) -> StoreResult<Step>;
     async fn step(&self, run_id: Uuid, step_idx: i64) -> StoreResult<Option<Step>>;
     async fn steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>>;
+    /// The counted usage of each limit scope (`refunds|agent:demo-agent`)
+    /// within its window of seconds (`None`: ever), on the database's
+    /// clock: what the steps still counted add up to.
+    async fn limit_usage(&self, scopes: &[(String, Option<i64>)]) -> StoreResult<Vec<i64>>;
+    /// For each limit (its name, its window), the highest counted usage of
+    /// any one of its scopes: how near the busiest agent, run or customer
+    /// is to it.
+    async fn limit_peaks(&self, limits: &[(String, Option<i64>)]) -> StoreResult<Vec<i64>>;
     /// The steps of several runs that call one of `tools`, in one read (a
     /// page of the runs list reads only the calls that name a customer or
     /// move money).

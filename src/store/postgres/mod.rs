@@ -687,7 +687,9 @@ impl PostgresStore {
             "WITH advanced AS (
                 UPDATE runs SET next_step = next_step + 1,
                     irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11
-                WHERE id = $1 AND next_step = $2
+                WHERE id = $1 AND next_step = $2",
+            step_writes::within_limits!("$15"),
+            "
                 RETURNING id
              ), inserted AS (",
             crate::store::sql::new_step_insert!(),
@@ -696,18 +698,28 @@ impl PostgresStore {
                 INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status,
                     detail, at)
                 SELECT run_id, 'step', step_idx, $13, NULL, status, $14, $11 FROM inserted
-             )
+             ),",
+            step_writes::usage_insert!("$15"),
+            "
              SELECT * FROM inserted"
         ));
         let row = Sql::<PostgresStore>::bind_new_step(statement, new, now)
             .bind(i64::from(counts_as_irreversible(new)))
             .bind(actor.to_string())
             .bind(step_event_detail(new))
+            .bind(crate::store::sql::limits_json(new))
             .fetch_optional(&mut *conn)
             .await?;
         let result = match row {
             Some(row) => Sql::<PostgresStore>::step_from(&row),
             None => {
+                if let Some(over) = Sql::<PostgresStore>::over_limit(&mut conn, &new.limits)
+                    .await
+                    .transpose()
+                {
+                    conn.finish().await?;
+                    return Ok(over.and_then(Err));
+                }
                 Err(
                     Sql::<PostgresStore>::why_step_refused(&mut conn, new.run_id, new.step_idx)
                         .await,
@@ -785,6 +797,26 @@ impl Dialect for PostgresStore {
     const RUN_FOR_UPDATE: &'static str = concat!("SELECT * FROM runs WHERE id = $1", " FOR UPDATE");
     const APPROVAL_FOR_UPDATE: &'static str =
         concat!("SELECT * FROM approvals WHERE id = $1", " FOR UPDATE");
+    const LIMIT_USED: &'static str = concat!(
+        "SELECT coalesce(sum(u.amount), 0)::int8 AS used FROM limit_usage u
+         JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
+         WHERE u.scope = $1 AND ($2::int8 IS NULL OR u.at > now() - $2 * interval '1 second')
+             AND s.status IN ",
+        crate::store::sql::counted_sql!()
+    );
+    const LIMIT_PEAK: &'static str = concat!(
+        "SELECT coalesce(max(used), 0)::int8 AS used FROM (
+             SELECT sum(u.amount) AS used FROM limit_usage u
+             JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
+             WHERE left(u.scope, length($1)) = $1
+                 AND ($2::int8 IS NULL OR u.at > now() - $2 * interval '1 second')
+                 AND s.status IN ",
+        crate::store::sql::counted_sql!(),
+        " GROUP BY u.scope) AS per_scope"
+    );
+    const USAGE_INSERT: &'static str =
+        "INSERT INTO limit_usage (scope, run_id, step_idx, amount, at)
+         VALUES ($1, $2, $3, $4, now())";
 
     /// A connection for reads (see `Session`).
     async fn read_conn(&self) -> StoreResult<Session> {

@@ -75,6 +75,43 @@ const INTENTS: &str = include_str!("intents.sql");
 /// the planner, as in `INTENTS`.
 const OUTCOMES: &str = include_str!("outcomes.sql");
 
+/// The limits test of an intent, for the `advanced` update's condition:
+/// `$N` is the step's limits (JSON, or NULL for none). Enforced charges
+/// must fit (`saga_within_limits`, migration 0008: it locks each scope and
+/// sums with a fresh snapshot, so concurrent intents are counted in turn).
+macro_rules! within_limits {
+    ($n:literal) => {
+        concat!(
+            "
+            AND (",
+            $n,
+            "::jsonb IS NULL OR NOT (",
+            $n,
+            "::jsonb->>'enforce')::boolean
+                OR saga_within_limits(",
+            $n,
+            "::jsonb->'charges'))"
+        )
+    };
+}
+pub(crate) use within_limits;
+
+/// The usage rows of an intent's charges (`$N`), as a CTE after `inserted`.
+macro_rules! usage_insert {
+    ($n:literal) => {
+        concat!(
+            " usage AS (
+                INSERT INTO limit_usage (scope, run_id, step_idx, amount, at)
+                SELECT c.scope, inserted.run_id, inserted.step_idx, c.amount, now()
+                FROM inserted, jsonb_to_recordset(COALESCE(",
+            $n,
+            "::jsonb->'charges', '[]'::jsonb)) AS c(scope text, amount int8)
+             )"
+        )
+    };
+}
+pub(crate) use usage_insert;
+
 /// One intent alone, the same conditions and writes as `INTENTS` with the
 /// values bound: `$1`–`$11` by `bind_new_step`, then the irreversible
 /// count, the actor, the audit detail, the lease's owner and length, the
@@ -94,7 +131,9 @@ const INTENT_ONE: &str = concat!(
             AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND status IN ",
     unsettled_sql!(),
     ")
-            AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND owed_to_agent)
+            AND NOT EXISTS (SELECT 1 FROM saga_log WHERE run_id = $1 AND owed_to_agent)",
+    within_limits!("$20"),
+    "
         RETURNING id
      ), inserted AS (",
     new_step_insert!(),
@@ -103,7 +142,9 @@ const INTENT_ONE: &str = concat!(
         INSERT INTO events (run_id, entity, entity_id, actor, from_status, to_status,
             detail, at)
         SELECT run_id, 'step', step_idx, $13, NULL, status, $14, $11 FROM inserted
-     )
+     ),",
+    usage_insert!("$20"),
+    "
      SELECT * FROM inserted"
 );
 
@@ -323,6 +364,15 @@ impl StepWriter {
     /// Sends `write` at once when nothing waits and a group slot is free,
     /// else in the next group; what it did once its statement committed.
     pub(super) async fn write(&self, write: StepWrite) -> Result<Written, sqlx::Error> {
+        // An intent with limits goes in a statement of its own: the
+        // group's statement reads one snapshot for all its records, so two
+        // intents in it could not count each other.
+        if matches!(&write, StepWrite::Intent(i) if !i.new.limits.is_empty()) {
+            self.counts.sent();
+            self.counts.group(1);
+            let conn = self.target.pool.acquire().await?;
+            return alone(&self.target, conn, &write).await;
+        }
         if self.jobs.capacity() == self.jobs.max_capacity() {
             if let Ok(_slot) = self.target.slots.clone().try_acquire_owned() {
                 self.counts.sent();
@@ -557,6 +607,7 @@ fn intent_one(i: &Intent, now: DateTime<Utc>) -> Statement<'_> {
     .bind(i.agent.as_str())
     .bind(&i.handover)
     .bind(i.token.as_deref())
+    .bind(crate::store::sql::limits_json(&i.new))
 }
 
 fn outcome_one(o: &Settle, now: DateTime<Utc>) -> Statement<'_> {

@@ -203,6 +203,23 @@ macro_rules! unsettled_sql {
 }
 pub(crate) use unsettled_sql;
 
+/// The statuses of a step whose limit charges count: its effect stands or
+/// may stand.
+macro_rules! counted_sql {
+    () => {
+        "('INTENDED', 'UNKNOWN', 'CONFIRMED')"
+    };
+}
+pub(crate) use counted_sql;
+
+/// A new step's limits as the intent statements read them: `None` when it
+/// counts against none.
+pub(crate) fn limits_json(
+    new: &NewStep,
+) -> Option<sqlx::types::Json<crate::saga::limits::StepLimits>> {
+    (!new.limits.is_empty()).then(|| sqlx::types::Json(new.limits.clone()))
+}
+
 /// What each backend does its own way; everything else is written once, in
 /// the generic `impl SagaStore` below.
 pub(crate) trait Dialect: Send + Sync + 'static {
@@ -215,6 +232,15 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     const RUN_FOR_UPDATE: &'static str;
     /// An approval's row, locked the same way.
     const APPROVAL_FOR_UPDATE: &'static str;
+    /// The counted usage of one limit scope (`$1`) within a window of `$2`
+    /// seconds (NULL: ever), on the database's clock.
+    const LIMIT_USED: &'static str;
+    /// The highest counted usage of any scope of one limit (`$1`, the
+    /// scopes' prefix) within its window (`$2`).
+    const LIMIT_PEAK: &'static str;
+    /// One usage row (`$1` scope, `$2` run, `$3` step, `$4` amount) at the
+    /// database's clock.
+    const USAGE_INSERT: &'static str;
 
     /// Whether statements stay prepared on their connection.
     fn keeps_statements() -> bool;
@@ -639,6 +665,30 @@ macro_rules! saga_store_over_dialect {
                     .bind(run_id.to_string())
                     .bind(step_idx);
                 Sql::<Self>::one(&mut *self.read_conn().await?, query, Sql::<Self>::step_from).await
+            }
+
+            async fn limit_usage(&self, scopes: &[(String, Option<i64>)]) -> StoreResult<Vec<i64>> {
+                let mut conn = self.read_conn().await?;
+                let mut used = Vec::with_capacity(scopes.len());
+                for (scope, window_s) in scopes {
+                    used.push(Sql::<Self>::limit_used_in(&mut *conn, scope, *window_s).await?);
+                }
+                Ok(used)
+            }
+
+            async fn limit_peaks(&self, limits: &[(String, Option<i64>)]) -> StoreResult<Vec<i64>> {
+                let mut conn = self.read_conn().await?;
+                let mut peaks = Vec::with_capacity(limits.len());
+                for (name, window_s) in limits {
+                    let row = Sql::<Self>::query(Self::LIMIT_PEAK)
+                        .bind(format!("{name}|"))
+                        .bind(*window_s)
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(db)?;
+                    peaks.push(Sql::<Self>::get::<i64>(&row, "used")?);
+                }
+                Ok(peaks)
             }
 
             async fn steps(&self, run_id: Uuid) -> StoreResult<Vec<Step>> {

@@ -483,6 +483,40 @@ where
         }
     }
 
+    /// The counted usage of a limit's scope in its window.
+    pub(crate) async fn limit_used_in(
+        conn: &mut DbConn<D>,
+        scope: &str,
+        window_s: Option<i64>,
+    ) -> StoreResult<i64> {
+        let row = Self::query(D::LIMIT_USED)
+            .bind(scope.to_owned())
+            .bind(window_s)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db)?;
+        Self::get::<i64>(&row, "used")
+    }
+
+    /// The first of a new step's enforced charges that does not fit under
+    /// its limit now, as the error its intent is refused with. (Read after
+    /// an intent wrote nothing, to say why.)
+    pub(crate) async fn over_limit(
+        conn: &mut DbConn<D>,
+        limits: &crate::saga::limits::StepLimits,
+    ) -> StoreResult<Option<StoreError>> {
+        if !limits.enforce {
+            return Ok(None);
+        }
+        for (charge, c) in limits.charges.iter().enumerate() {
+            let used = Self::limit_used_in(conn, &c.scope, c.window_s).await?;
+            if used.saturating_add(c.amount) > c.max {
+                return Ok(Some(StoreError::OverLimit { charge, used }));
+            }
+        }
+        Ok(None)
+    }
+
     /// Inserts a new step at the run's next index, inside the caller's
     /// transaction. The guarded counter update comes first: it takes the
     /// run's row lock and checks the index in one statement.
@@ -519,6 +553,18 @@ where
         .fetch_one(&mut *conn)
         .await
         .map_err(|e| db_error(e, || format!("idempotency key {}", new.idempotency_key)))?;
+        // Counted, not checked: a step written here waits for a person,
+        // whose approval is the decision to go past a limit.
+        for charge in &new.limits.charges {
+            Self::query(D::USAGE_INSERT)
+                .bind(charge.scope.clone())
+                .bind(new.run_id.to_string())
+                .bind(new.step_idx)
+                .bind(charge.amount)
+                .execute(&mut *conn)
+                .await
+                .map_err(db)?;
+        }
         Self::append_event(
             &mut *conn,
             EventLine {
