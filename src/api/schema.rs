@@ -159,8 +159,7 @@ pub struct CallOutcome {
     next_step: i64,
     /// The index a new effect takes, whatever is owed.
     new_step: i64,
-    /// Only with `held_over_limit`: the limit the call would cross.
-    #[schema(required = false)]
+    /// With `held_over_limit`: the limit the call would cross; else `null`.
     limit: Option<OverLimit>,
 }
 

@@ -39,6 +39,9 @@ pub struct Metrics {
     corrections_pending: IntGaugeVec,
     db_connections: IntGaugeVec,
     db_connections_max: IntGauge,
+    limit_used: GaugeVec,
+    /// Each limit of the tools file: its name, window and maximum.
+    limits: Vec<(String, Option<i64>, i64)>,
     history: History,
 }
 
@@ -154,6 +157,17 @@ impl Metrics {
         registry
             .register(Box::new(db_connections_max.clone()))
             .expect("each metric registered once");
+        let limit_used = GaugeVec::new(
+            Opts::new(
+                "saga_limit_used_ratio",
+                "How much of each limit of the tools file the busiest run, agent or customer it counts has used in its window (1 = at the maximum; above 1 only by a person's approval).",
+            ),
+            &["limit"],
+        )
+        .expect("a valid gauge definition");
+        registry
+            .register(Box::new(limit_used.clone()))
+            .expect("each metric registered once");
         Metrics {
             registry,
             steps,
@@ -170,6 +184,8 @@ impl Metrics {
             corrections_pending,
             db_connections,
             db_connections_max,
+            limit_used,
+            limits: Vec::new(),
             history: History::default(),
         }
     }
@@ -178,7 +194,16 @@ impl Metrics {
     /// a dashboard or an alert sees it from the first scrape, not from its
     /// first event (a series that appears only then hides the start of a
     /// rate and makes `absent()` mean two things).
-    pub fn with_known_labels(self, tools: &crate::saga::registry::Registry) -> Self {
+    pub fn with_known_labels(mut self, tools: &crate::saga::registry::Registry) -> Self {
+        self.limits = tools
+            .limits()
+            .list
+            .iter()
+            .map(|l| (l.name.clone(), l.per.window_s(), l.max))
+            .collect();
+        for (name, _, _) in &self.limits {
+            self.limit_used.with_label_values(&[name.as_str()]);
+        }
         let outcomes: Vec<String> = StepStatus::ALL
             .into_iter()
             .filter(|status| *status != StepStatus::Intended)
@@ -249,6 +274,19 @@ impl Metrics {
     /// Brings the figures read from the database and the pool up to date.
     async fn refresh(&self, sources: Sources<'_>) -> Result<(), StoreError> {
         self.read_waiting_work(sources.store).await?;
+        if !self.limits.is_empty() {
+            let asked: Vec<(String, Option<i64>)> = self
+                .limits
+                .iter()
+                .map(|(name, window, _)| (name.clone(), *window))
+                .collect();
+            let peaks = sources.store.limit_peaks(&asked).await?;
+            for ((name, _, max), peak) in self.limits.iter().zip(peaks) {
+                self.limit_used
+                    .with_label_values(&[name.as_str()])
+                    .set(peak as f64 / (*max).max(1) as f64);
+            }
+        }
         let pool = sources.pool;
         self.db_connections
             .with_label_values(&["in_use"])

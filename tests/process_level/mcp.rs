@@ -1372,3 +1372,43 @@ mod notes {
         }
     }
 }
+
+/// A call that would take a limit past its maximum reaches the model as
+/// `held_over_limit`, with the limit, the sum so far and the maximum as
+/// data and the reason in words; nothing reaches Stripe.
+#[tokio::test]
+async fn mcp_a_call_over_a_limit_is_held_with_the_limit_in_words_and_data() {
+    let h = start_with(
+        common::sqlite(),
+        r#"
+[[limits.money]]
+name = "agent charges"
+per = "agent/day"
+max = 5000
+currency = "usd"
+tools = ["charge_card"]
+"#,
+    )
+    .await;
+    let client = client(&format!("{}/mcp", h.base), &h.token, Some("limits")).await;
+    let charge = json!({"customer": "cus_ada", "amount": 3000, "currency": "usd"});
+    let first = call(&client, "charge_card", charge.clone()).await;
+    assert_eq!(structured(&first)["outcome"], "confirmed", "{first:?}");
+    let second = call(&client, "charge_card", charge).await;
+    let data = structured(&second);
+    assert_eq!(data["outcome"], "held_over_limit", "{data}");
+    assert_eq!(data["limit"]["limit"], "agent charges");
+    assert_eq!(data["limit"]["used"], 3000);
+    assert_eq!(data["limit"]["max"], 5000);
+    let text = format!("{:?}", second.content);
+    assert!(
+        text.contains(
+            "this would take support-bot's agent charges in the last 24 hours to $60.00 of $50.00"
+        ),
+        "{text}"
+    );
+    assert_eq!(second.is_error, Some(false), "held is not an error");
+    let charged = h.sims.stripe.ledger().of("payment_intent.created");
+    assert_eq!(charged.len(), 1, "{charged:?}");
+    client.cancel().await.unwrap();
+}

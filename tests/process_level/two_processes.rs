@@ -624,3 +624,74 @@ directly_and_through_pgbouncer! {
         postgres_frozen_in_flight_to_a_system_whose_search_lags_the_second_look_finds_the_effect,
         pgbouncer_frozen_in_flight_to_a_system_whose_search_lags_the_second_look_finds_the_effect;
 }
+
+/// 64 calls of $49.00 from one agent, spread over three harness processes
+/// on one PostgreSQL, against $500.00 a day: Stripe's ledger holds ten.
+async fn three_instances_racing_at_a_limit_never_sum_above_it(db: common::TestDb) {
+    let (sims, _dir, tools) = simulators_and_tools().await;
+    let shipped = std::fs::read_to_string(&tools).unwrap();
+    std::fs::write(
+        &tools,
+        format!(
+            "{shipped}\n[[limits.money]]\nname = \"race\"\nper = \"agent/day\"\nmax = 50000\ncurrency = \"usd\"\ntools = [\"charge_card\"]\n"
+        ),
+    )
+    .unwrap();
+    let token = provision(&db.direct_url, AGENT, &[]).await;
+    let instances = [
+        spawn_harness(&db, &tools, None).await,
+        spawn_harness(&db, &tools, None).await,
+        spawn_harness(&db, &tools, None).await,
+    ];
+    let http = reqwest::Client::new();
+    let mut runs = Vec::new();
+    for i in 0..64 {
+        let base = &instances[i % 3].base;
+        runs.push((base.clone(), new_run(&http, base, &token, "race").await));
+    }
+    let answers = futures::future::join_all(runs.iter().map(|(base, run)| {
+        post(
+            &http,
+            format!("{base}/api/v1/runs/{run}/calls"),
+            &token,
+            json!({"tool": "charge_card", "step": 0,
+                "args": {"customer": "cus_ada", "amount": 4900, "currency": "usd"}}),
+        )
+    }))
+    .await;
+    let outcomes: Vec<&str> = answers
+        .iter()
+        .map(|(status, out)| {
+            assert_eq!(*status, 200, "{out}");
+            out["outcome"].as_str().unwrap()
+        })
+        .collect();
+    let charged: Vec<i64> = sims
+        .stripe
+        .ledger()
+        .of("payment_intent.created")
+        .iter()
+        .map(|e| e.detail["amount"].as_i64().unwrap())
+        .collect();
+    assert_eq!(charged.len(), 10, "Stripe's ledger: {charged:?}");
+    assert!(charged.iter().sum::<i64>() <= 50000);
+    assert_eq!(outcomes.iter().filter(|o| **o == "confirmed").count(), 10);
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == "held_over_limit").count(),
+        54
+    );
+}
+
+#[tokio::test]
+async fn postgres_three_instances_racing_at_a_limit_never_sum_above_it() {
+    if let Some(db) = common::postgres().await {
+        three_instances_racing_at_a_limit_never_sum_above_it(db).await;
+    }
+}
+
+#[tokio::test]
+async fn pgbouncer_three_instances_racing_at_a_limit_never_sum_above_it() {
+    if let Some(db) = common::postgres_via_pgbouncer().await {
+        three_instances_racing_at_a_limit_never_sum_above_it(db).await;
+    }
+}

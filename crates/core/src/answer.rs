@@ -171,7 +171,8 @@ pub fn outcome_words(
     }
 }
 
-pub(crate) fn capitalised(words: &str) -> String {
+/// `words` with its first letter in capitals, as a sentence starts.
+pub fn capitalised(words: &str) -> String {
     let mut chars = words.chars();
     match chars.next() {
         Some(first) => first.to_uppercase().chain(chars).collect(),
@@ -215,8 +216,7 @@ pub struct CallOutcome {
     /// The index a new effect takes, whatever is owed.
     pub new_step: i64,
     /// For `held_over_limit`: the limit, the sum so far, this call's
-    /// amount and the maximum.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// amount and the maximum; `null` otherwise.
     pub limit: Option<Box<super::limits::OverLimit>>,
 }
 

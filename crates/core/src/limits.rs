@@ -417,6 +417,55 @@ impl Limits {
     }
 }
 
+impl Limits {
+    /// The charges of a set of calls (a pivot's commit steps), summed per
+    /// scope: what approving them all would add to each limit.
+    pub fn charges_of_calls(
+        &self,
+        registry: &super::registry::Registry,
+        calls: &[(&str, &Value)],
+        run_id: Uuid,
+        agent: &str,
+    ) -> Vec<Charge> {
+        let mut summed: Vec<Charge> = Vec::new();
+        for (tool, args) in calls {
+            let Some(spec) = registry.get(tool) else {
+                continue;
+            };
+            let Ok(charges) = self.charges(spec, args, run_id, agent) else {
+                continue;
+            };
+            for charge in charges.step.charges {
+                match summed.iter_mut().find(|c| c.scope == charge.scope) {
+                    Some(same) => same.amount = same.amount.saturating_add(charge.amount),
+                    None => summed.push(charge),
+                }
+            }
+        }
+        summed
+    }
+
+    /// Whose usage a scope is and over what window, as a person reads it:
+    /// "billing-bot, last 24 hours", "this run", "customer cus_ada, last
+    /// 24 hours".
+    pub fn scope_in_words(&self, charge_limit: &str, scope: &str) -> String {
+        let whose = match scope.split_once('|').map(|(_, w)| w) {
+            Some(w) if w.starts_with("run:") => "this run".to_owned(),
+            Some(w) => w
+                .strip_prefix("agent:")
+                .map(str::to_owned)
+                .or_else(|| w.strip_prefix("customer:").map(|c| format!("customer {c}")))
+                .unwrap_or_else(|| w.to_owned()),
+            None => scope.to_owned(),
+        };
+        match self.named(charge_limit).map(|l| l.per) {
+            Some(Per::AgentHour) => format!("{whose}, last hour"),
+            Some(Per::AgentDay | Per::CustomerDay) => format!("{whose}, last 24 hours"),
+            _ => whose,
+        }
+    }
+}
+
 /// The amount and currency a call moves.
 fn money_of(declared: &MoneyArgs, args: &Value) -> Result<(i64, String), ArgsMistake> {
     let amount = match args.get(&declared.amount) {
@@ -493,7 +542,7 @@ pub(crate) fn read_limits(
     let mut limits = Limits::default();
     let mut say = |limit: &str, field: &'static str, problem: String| {
         mistakes.push(RegistryMistake {
-            tool: format!("[limits] {limit}"),
+            tool: format!("{}{limit}", super::registry::LIMIT_MISTAKE),
             field,
             problem,
         })
@@ -848,4 +897,189 @@ pub(crate) fn money_mistakes(spec: &ToolSpec) -> Vec<(&'static str, String)> {
         }
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::{Registry, RegistryError};
+
+    const TOOLS: &str = r#"
+        [[tool]]
+        name = "refund"
+        class = "irreversible"
+        connector = "stripe.refund"
+        money = { amount = "amount", currency_is = "usd" }
+        correction = { template = "A refund was issued in error.", recipients = ["finance@example.com"] }
+        [tool.schema]
+        type = "object"
+        [tool.schema.properties]
+        amount = { type = "integer" }
+        customer = { type = "string" }
+
+        [[tool]]
+        name = "send_email"
+        class = "irreversible"
+        connector = "smtp.send"
+        correction = { template = "Please disregard.", recipients = ["{args.to}"] }
+        [tool.schema]
+        type = "object"
+        [tool.schema.properties]
+        to = { type = "array" }
+        subject = { type = "string" }
+    "#;
+
+    fn mistakes(limits: &str) -> Vec<String> {
+        match Registry::from_toml(&format!("{TOOLS}\n{limits}")) {
+            Ok(_) => Vec::new(),
+            Err(RegistryError::Mistakes(found)) => found.iter().map(|m| m.to_string()).collect(),
+            Err(other) => vec![other.to_string()],
+        }
+    }
+
+    #[test]
+    fn limits_for_refunds_per_customer_and_bulk_email_are_read() {
+        let registry = Registry::from_toml(&format!(
+            "{TOOLS}\n{}",
+            r#"
+            [[limits.money]]
+            name = "refunds"
+            per = "customer/day"
+            customer = "customer"
+            max = 50000
+            currency = "USD"
+
+            [[limits.recipients]]
+            per = "call"
+            max = 50
+            "#
+        ))
+        .unwrap();
+        let limits = registry.limits();
+        assert_eq!(limits.list.len(), 2);
+        let refunds = limits.named("refunds").unwrap();
+        assert_eq!(refunds.tools, ["refund"], "every money tool by default");
+        assert_eq!(refunds.per.window_s(), Some(86_400));
+        let bulk = limits.named("recipients per call").unwrap();
+        assert_eq!(bulk.tools, ["send_email"], "every tool with recipients");
+        let spec = registry.get("refund").unwrap();
+        let run = Uuid::nil();
+        let charges = limits
+            .charges(
+                spec,
+                &serde_json::json!({"amount": 4900, "customer": "cus_ada"}),
+                run,
+                "bot",
+            )
+            .unwrap();
+        assert_eq!(charges.step.charges.len(), 1);
+        assert_eq!(charges.step.charges[0].scope, "refunds|customer:cus_ada");
+        assert_eq!(charges.step.charges[0].amount, 4900);
+        let over = limits.over(&charges.step.charges[0], 46_000, "bot");
+        assert_eq!(
+            over.words,
+            "this would take customer cus_ada's refunds in the last 24 hours to $509.00 of $500.00"
+        );
+        let missing = limits
+            .charges(spec, &serde_json::json!({"amount": 4900}), run, "bot")
+            .unwrap_err();
+        assert_eq!(missing.field, "customer");
+        let fraction = limits
+            .charges(
+                spec,
+                &serde_json::json!({"amount": 49.5, "customer": "c"}),
+                run,
+                "bot",
+            )
+            .unwrap_err();
+        assert_eq!(fraction.field, "amount");
+    }
+
+    #[test]
+    fn each_mistake_in_a_limit_names_the_limit_and_the_field() {
+        let found = mistakes(
+            r#"
+            [[limits.money]]
+            name = "refunds"
+            per = "customer/day"
+            customer = "client"
+            max = 0
+            currency = "dollars"
+
+            [[limits.money]]
+            name = "weekly"
+            per = "agent/week"
+            max = -5
+            currency = "usd"
+            tools = ["send_email", "nope"]
+
+            [[limits.calls]]
+            name = "sends"
+            per = "run"
+            max = 3
+
+            [[limits.speed]]
+            max = 1
+            "#,
+        );
+        let expect = [
+            "limit `refunds`, field `max`",
+            "limit `refunds`, field `currency`: `dollars` is not an ISO 4217",
+            "limit `refunds`, field `customer`: names argument `client`, which tool `refund` does not have",
+            "limit `weekly`, field `per`: `agent/week` is not a window",
+            "limit `weekly`, field `max`: must be a whole number of minor units above zero",
+            "limit `weekly`, field `tools`: names tool `send_email`, which declares no money argument",
+            "limit `weekly`, field `tools`: names tool `nope`, which is not declared",
+            "limit `sends`, field `tools`: missing",
+            "limit `speed`, field `(section)`: `speed` is not a kind of limit",
+        ];
+        for wanted in expect {
+            assert!(
+                found.iter().any(|m| m.contains(wanted)),
+                "missing {wanted:?} in {found:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_money_declaration_must_name_an_integer_argument_and_a_currency() {
+        let text = TOOLS
+            .replacen(
+                "money = { amount = \"amount\", currency_is = \"usd\" }",
+                "money = { amount = \"total\", currency_is = \"xyz\" }",
+                1,
+            )
+            .replacen(
+                "connector = \"smtp.send\"",
+                "connector = \"smtp.send\"\nmoney = { amount = \"subject\" }",
+                1,
+            );
+        let found = match Registry::from_toml(&text) {
+            Err(RegistryError::Mistakes(found)) => {
+                found.iter().map(|m| m.to_string()).collect::<Vec<_>>()
+            }
+            other => panic!("{other:?}"),
+        };
+        for wanted in [
+            "tool `refund`, field `money.amount`: names argument `total`, which the tool does not have",
+            "tool `refund`, field `money.currency_is`: `xyz` is not an ISO 4217",
+            "tool `send_email`, field `money.amount`: argument `subject` is \"string\" in the schema",
+            "tool `send_email`, field `money`: names neither a currency argument",
+        ] {
+            assert!(
+                found.iter().any(|m| m.contains(wanted)),
+                "missing {wanted:?} in {found:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn recipients_are_counted_once_each_across_fields() {
+        let args = serde_json::json!({
+            "to": ["a@example.com", "B@example.com"],
+            "cc": "b@example.com, c@example.com",
+            "bcc": ["d@example.com"],
+        });
+        assert_eq!(recipients_of(&args), 4);
+    }
 }

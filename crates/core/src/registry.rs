@@ -538,6 +538,9 @@ impl fmt::Display for ArgsMistake {
     }
 }
 
+/// How a mistake in `[limits]` names its limit in `RegistryMistake::tool`.
+pub(crate) const LIMIT_MISTAKE: &str = "[limits] ";
+
 /// One mistake in the tools file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegistryMistake {
@@ -548,11 +551,18 @@ pub struct RegistryMistake {
 
 impl fmt::Display for RegistryMistake {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "tool `{}`, field `{}`: {}",
-            self.tool, self.field, self.problem
-        )
+        match self.tool.strip_prefix(LIMIT_MISTAKE) {
+            Some(limit) => write!(
+                f,
+                "limit `{limit}`, field `{}`: {}",
+                self.field, self.problem
+            ),
+            None => write!(
+                f,
+                "tool `{}`, field `{}`: {}",
+                self.tool, self.field, self.problem
+            ),
+        }
     }
 }
 

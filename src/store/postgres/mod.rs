@@ -678,6 +678,7 @@ impl PostgresStore {
         new: &NewStep,
         actor: &Actor,
     ) -> Result<StoreResult<Step>, sqlx::Error> {
+        let _turn = self.writer.stripes().hold(&new.limits).await;
         let mut conn = match self.session().await {
             Ok(conn) => conn,
             Err(err) => return Ok(Err(err)),

@@ -325,6 +325,58 @@ pub(super) struct StepWriter {
     jobs: mpsc::Sender<Job>,
     counts: Arc<Counts>,
     target: Target,
+    stripes: LimitStripes,
+}
+
+/// Intents that must fit under a limit wait for each other here, in this
+/// process, before they take a connection: `saga_within_limits` makes
+/// intents of one scope wait for each other in the database, and each
+/// waiter there would hold a connection of the pool (a crowd of one
+/// agent's calls would take them all, and every other call would wait).
+/// Scopes share a fixed set of stripes by hash, so no scope is ever turned
+/// away and memory does not grow with the number of agents or customers.
+pub(super) struct LimitStripes(Vec<tokio::sync::Mutex<()>>);
+
+/// Stripes of `LimitStripes`: more than the pool has connections.
+const LIMIT_STRIPES: usize = 64;
+
+impl LimitStripes {
+    fn new() -> LimitStripes {
+        LimitStripes(
+            (0..LIMIT_STRIPES)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
+        )
+    }
+
+    /// Holds the stripes of every enforced charge of `limits` (none when
+    /// nothing is enforced), taken in one order so two holders never wait
+    /// on each other crosswise.
+    pub(super) async fn hold(
+        &self,
+        limits: &crate::saga::limits::StepLimits,
+    ) -> Vec<tokio::sync::MutexGuard<'_, ()>> {
+        if !limits.enforce {
+            return Vec::new();
+        }
+        let mut stripes: Vec<usize> = limits
+            .charges
+            .iter()
+            .map(|c| {
+                use std::hash::{Hash, Hasher};
+                let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                c.scope.hash(&mut hasher);
+                (hasher.finish() % LIMIT_STRIPES as u64) as usize
+            })
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let mut held = Vec::with_capacity(stripes.len());
+        for stripe in stripes {
+            held.push(self.0[stripe].lock().await);
+        }
+        held
+    }
 }
 
 /// Where writes go: the store's pool, whether a transaction pooler stands
@@ -354,7 +406,12 @@ impl StepWriter {
             jobs,
             counts,
             target,
+            stripes: LimitStripes::new(),
         }
+    }
+
+    pub(super) fn stripes(&self) -> &LimitStripes {
+        &self.stripes
     }
 
     pub(super) fn counts(&self) -> GroupCounts {
@@ -367,11 +424,14 @@ impl StepWriter {
         // An intent with limits goes in a statement of its own: the
         // group's statement reads one snapshot for all its records, so two
         // intents in it could not count each other.
-        if matches!(&write, StepWrite::Intent(i) if !i.new.limits.is_empty()) {
-            self.counts.sent();
-            self.counts.group(1);
-            let conn = self.target.pool.acquire().await?;
-            return alone(&self.target, conn, &write).await;
+        if let StepWrite::Intent(i) = &write {
+            if !i.new.limits.is_empty() {
+                let _turn = self.stripes.hold(&i.new.limits).await;
+                self.counts.sent();
+                self.counts.group(1);
+                let conn = self.target.pool.acquire().await?;
+                return alone(&self.target, conn, &write).await;
+            }
         }
         if self.jobs.capacity() == self.jobs.max_capacity() {
             if let Ok(_slot) = self.target.slots.clone().try_acquire_owned() {

@@ -80,12 +80,41 @@ fn run_view(run: RunSheet) -> impl IntoView {
         {(!run.questions.is_empty()).then(|| questions_panel(&id, run.questions.clone(), may))}
         {run.pivot.clone().map(|pivot| pivot_panel(&id, pivot, may))}
         {run.held.clone().into_iter().map(|held| held_panel(&id, held, may)).collect_view()}
+        {(!run.limits.is_empty()).then(|| limits_panel(run.limits.clone()))}
         <section class="panel">
             <h2>"What happened, step by step"</h2>
             <Timeline steps=run.steps.clone() corrections=run.corrections.clone()/>
             {steps_list(run.steps.clone())}
         </section>
         {run.unwind_plan.clone().filter(|_| may).map(|plan| unwind_panel(&id, plan))}
+    }
+}
+
+/// What the run's calls have spent of each limit they count against.
+fn limits_panel(lines: Vec<LimitLine>) -> impl IntoView {
+    view! {
+        <section class="panel limits" aria-labelledby="limits-title">
+            <h2 id="limits-title">"Limits"</h2>
+            <ul class="limit-lines">
+                {lines.into_iter().map(|line| {
+                    let class = if line.percent >= 100 {
+                        "limit-line at-limit"
+                    } else if line.percent >= 80 {
+                        "limit-line near-limit"
+                    } else {
+                        "limit-line"
+                    };
+                    view! {
+                        <li class=class>
+                            <strong>{line.name}</strong>
+                            " (" {line.whose} "): "
+                            {line.spent}
+                            <meter min="0" max="100" value=line.percent.min(100)></meter>
+                        </li>
+                    }
+                }).collect_view()}
+            </ul>
+        </section>
     }
 }
 
@@ -132,6 +161,9 @@ fn pivot_panel(run: &str, pivot: PivotView, may: bool) -> impl IntoView {
                 })}
                 <div><dt>"Systems"</dt><dd>{glance.systems.join(", ")}</dd></div>
             </dl>
+            {pivot.over_limits.iter().map(|over| view! {
+                <p class="over-limit">"Over a limit: " {over.clone()}</p>
+            }).collect_view()}
             <p class="if-approve">{glance.if_approve.clone()}</p>
             <p class="if-reject">{glance.if_reject.clone()}</p>
             {decision.map(|d| view! { <p class="decided" role="status">"Decision: " {d}</p> })}

@@ -25,6 +25,22 @@ pub struct RunSheet {
     pub unwind_plan: Option<UnwindPlan>,
     /// The signed-in person may approve, reject, answer and unwind.
     pub may_decide: bool,
+    /// Each limit the run's calls count against: spent of its maximum.
+    pub limits: Vec<LimitLine>,
+}
+
+/// One limit as the run page shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LimitLine {
+    /// "refunds"
+    pub name: String,
+    /// "billing-bot, last 24 hours"
+    pub whose: String,
+    /// "$120.00 of $500.00"
+    pub spent: String,
+    /// Spent over the maximum, in percent (may pass 100 by a person's
+    /// approval).
+    pub percent: i64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -95,6 +111,9 @@ pub struct PivotView {
     /// What approvers changed before deciding, oldest first.
     pub edits: Vec<EditView>,
     pub deciders: Deciders,
+    /// The limits approving would take past their maximum, in words.
+    #[serde(default)]
+    pub over_limits: Vec<String>,
 }
 
 /// Who may decide an approval, and whether the reader may.

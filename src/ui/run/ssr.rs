@@ -156,6 +156,15 @@ pub async fn detail(
         None
     };
 
+    let limits = limit_lines(state, &run, &steps).await?;
+    let pivot = match pivot {
+        Some(mut p) if p.status == ApprovalStatus::Pending => {
+            p.over_limits = pivot_over_limits(state, &run, &approvals).await?;
+            Some(p)
+        }
+        other => other,
+    };
+
     Ok(Some(RunSheet {
         id: run.id.to_string(),
         agent: run.agent.clone(),
@@ -172,7 +181,79 @@ pub async fn detail(
         corrections: correction_lines,
         unwind_plan,
         may_decide,
+        limits,
     }))
+}
+
+/// Each limit the run's steps count against, with what is spent of it now
+/// (for a per-agent or per-customer limit, by everyone it counts).
+async fn limit_lines(
+    state: &AppState,
+    run: &crate::saga::model::Run,
+    steps: &[Step],
+) -> Result<Vec<LimitLine>, StoreError> {
+    let limits = state.registry.limits();
+    if limits.is_empty() || steps.is_empty() {
+        return Ok(Vec::new());
+    }
+    let args: Vec<(&str, &serde_json::Value)> =
+        steps.iter().map(|s| (s.tool.as_str(), &s.args)).collect();
+    let scopes = limits.scopes_of_run(run.id, &run.agent, &args);
+    let asked: Vec<(String, Option<i64>)> = scopes
+        .iter()
+        .map(|(_, scope, window)| (scope.clone(), *window))
+        .collect();
+    let used = state.store.limit_usage(&asked).await?;
+    Ok(scopes
+        .iter()
+        .zip(used)
+        .filter_map(|((name, scope, _), used)| {
+            let max = limits.named(name)?.max;
+            Some(LimitLine {
+                name: name.clone(),
+                whose: limits.scope_in_words(name, scope),
+                spent: limits.spent_in_words(name, used)?,
+                percent: used.saturating_mul(100) / max.max(1),
+            })
+        })
+        .collect())
+}
+
+/// What approving the pending pivot would take past a limit, in words.
+async fn pivot_over_limits(
+    state: &AppState,
+    run: &crate::saga::model::Run,
+    approvals: &[crate::saga::model::Approval],
+) -> Result<Vec<String>, StoreError> {
+    let limits = state.registry.limits();
+    let Some(plan) = approvals
+        .iter()
+        .rev()
+        .find(|a| a.kind == ApprovalKind::Pivot && a.status == ApprovalStatus::Pending)
+        .and_then(|a| crate::saga::model::PivotPlan::read(&a.plan).ok())
+    else {
+        return Ok(Vec::new());
+    };
+    if limits.is_empty() {
+        return Ok(Vec::new());
+    }
+    let calls: Vec<(&str, &serde_json::Value)> = plan
+        .commit
+        .iter()
+        .map(|c| (c.tool.as_str(), &c.args))
+        .collect();
+    let charges = limits.charges_of_calls(&state.registry, &calls, run.id, &run.agent);
+    let asked: Vec<(String, Option<i64>)> = charges
+        .iter()
+        .map(|c| (c.scope.clone(), c.window_s))
+        .collect();
+    let used = state.store.limit_usage(&asked).await?;
+    Ok(charges
+        .iter()
+        .zip(used)
+        .filter(|(c, used)| used.saturating_add(c.amount) > c.max)
+        .map(|(c, used)| crate::saga::answer::capitalised(&limits.over(c, used, &run.agent).words))
+        .collect())
 }
 
 /// Each step as the page lists it, with its compensation and how it was
@@ -389,6 +470,7 @@ fn pivot_view(
                     after: pretty(&edit.after),
                 })
                 .collect(),
+            over_limits: Vec::new(),
         })
 }
 
