@@ -17,7 +17,7 @@ export default defineConfig({
   outputDir: './test-results',
   projects: [
     { name: 'sign-in', testMatch: /(^|\/)sign-in\.spec\.ts/, use: { baseURL: `http://127.0.0.1:${port}` } },
-    { name: 'dashboard', testMatch: /(at-a-glance|dashboard|company-sign-in)\.spec\.ts/, use: { baseURL: `http://127.0.0.1:${demoPort}` } },
+    { name: 'dashboard', testMatch: /(at-a-glance|dashboard|company-sign-in|limits)\.spec\.ts/, use: { baseURL: `http://127.0.0.1:${demoPort}` } },
   ],
   use: {
     launchOptions: {

@@ -95,6 +95,15 @@ pub struct BenchArgs {
     /// on one instance; on PostgreSQL also 3,000 on three instances).
     #[arg(long)]
     pub in_flight: bool,
+    /// Instead: what checking limits costs one engine step, with and
+    /// without a money and a calls limit, at one run and at eight runs of
+    /// one agent.
+    #[arg(long)]
+    pub limits: bool,
+    /// Print the README's limits table from a report `--limits --json`
+    /// wrote, and exit.
+    #[arg(long, value_name = "JSON")]
+    pub limits_table: Option<PathBuf>,
     /// Print the README's in-flight table from a report `--in-flight --json`
     /// wrote, and exit.
     #[arg(long, value_name = "JSON")]

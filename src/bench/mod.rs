@@ -11,6 +11,7 @@ mod dashboard;
 mod floor;
 mod http;
 mod in_flight;
+mod limits;
 mod path;
 mod peers;
 pub mod readme;
@@ -255,8 +256,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if let Some(path) = &args.limits_table {
+        print!("{}", limits::markdown(&read_report(path)?));
+        return Ok(());
+    }
     if args.in_flight {
         return run_in_flight(args).await;
+    }
+    if args.limits {
+        return run_limits(args).await;
     }
     let mut sizes = if args.quick {
         Sizes::quick()
@@ -329,6 +337,52 @@ fn targets(args: &BenchArgs) -> anyhow::Result<Vec<Target>> {
         });
     }
     Ok(targets)
+}
+
+/// benches/README.md's limits table from a `bench --limits --json` report.
+pub fn limits_table(report: &Value) -> String {
+    limits::markdown(report)
+}
+
+/// `bench --limits`: see `limits`.
+async fn run_limits(args: BenchArgs) -> anyhow::Result<()> {
+    if cfg!(debug_assertions) {
+        eprintln!("bench: this is a debug build; the figures that matter come from --release");
+    }
+    let rounds = args.rounds.unwrap_or(5);
+    let mut figures = Figures::default();
+    for mut target in targets(&args)? {
+        let measured = limits::measure(&mut target, rounds, &mut figures).await;
+        target.clean_up().await?;
+        measured?;
+    }
+    let verdicts: Vec<Verdict> = limits::targets(&figures)
+        .into_iter()
+        .filter(|(_, value, _)| value.is_some())
+        .map(|(target, value, at_most)| Verdict {
+            hit: value.map(|v| v <= at_most),
+            target,
+            ratio: value,
+            bound: format!("≤ {at_most}"),
+        })
+        .collect();
+    print_table(&figures, &verdicts);
+    if let Some(path) = &args.json {
+        let report = json!({
+            "date": chrono::Utc::now().to_rfc3339(),
+            "mode": "limits",
+            "machine": machine(),
+            "build": if cfg!(debug_assertions) { "debug" } else { "release" },
+            "rounds": rounds,
+            "figures": figures.all().iter().map(|f| (f.key.clone(), f.to_json())).collect::<Map<_, _>>(),
+            "targets": verdicts,
+            "notes": figures.notes,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
 }
 
 /// `bench --in-flight`: see `in_flight`.

@@ -106,15 +106,20 @@ pub struct EnginePath {
 
 impl EnginePath {
     pub fn new(store: Arc<dyn SagaStore>) -> anyhow::Result<EnginePath> {
-        let engine = Arc::new(Engine::new(
-            store.clone(),
-            registry()?,
-            Arc::new(NoopConnector),
-        ));
-        Ok(EnginePath { engine, store })
+        Ok(EnginePath::with_registry(store, registry()?))
     }
 
-    async fn new_run(&self) -> anyhow::Result<Uuid> {
+    /// The same path over another tools file's registry.
+    pub fn with_registry(store: Arc<dyn SagaStore>, registry: Arc<Registry>) -> EnginePath {
+        let engine = Arc::new(Engine::new(
+            store.clone(),
+            registry,
+            Arc::new(NoopConnector),
+        ));
+        EnginePath { engine, store }
+    }
+
+    pub(super) async fn new_run(&self) -> anyhow::Result<Uuid> {
         let (run, _) = self
             .store
             .create_run(NewRun {
@@ -133,7 +138,12 @@ impl EnginePath {
         self.steps_on(run, tool, steps).await
     }
 
-    async fn steps_on(&self, run: Uuid, tool: &str, steps: usize) -> anyhow::Result<Vec<f64>> {
+    pub(super) async fn steps_on(
+        &self,
+        run: Uuid,
+        tool: &str,
+        steps: usize,
+    ) -> anyhow::Result<Vec<f64>> {
         let mut latencies = Vec::with_capacity(steps);
         for step in 0..steps as i64 {
             let at = Instant::now();

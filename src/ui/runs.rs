@@ -249,6 +249,14 @@ pub mod ssr {
                 continue;
             }
             let said = waits.entry(approval.run_id).or_default();
+            if let Some(limit) = approval
+                .plan
+                .get("over_limit")
+                .and_then(|over| over.get("limit"))
+                .and_then(|name| name.as_str())
+            {
+                said.push(format!("over the limit {limit}"));
+            }
             if approval.approvers_needed > 1 {
                 said.push(match approval.first_approver {
                     Some(_) => format!("1 of {}", approval.approvers_needed),

@@ -988,3 +988,65 @@ async fn postgres_an_approver_edits_a_commit_step_and_the_commit_sends_the_edite
     let db = crate::common::postgres_or_skip!();
     an_approver_edits_a_commit_step_and_the_commit_sends_the_edited_arguments(db).await;
 }
+
+/// A charge that would cross a limit is held and posted to Slack with the
+/// reason in words; a lead's Approve there makes it, once, past the limit
+/// by their decision, and the audit line says so.
+#[tokio::test]
+async fn a_call_over_a_limit_is_posted_with_its_reason_and_approved_from_slack() {
+    let s = setup_with(common::sqlite(), "", "", |file| {
+        let limits: toml::Table = toml::from_str(
+            r#"
+            [[money]]
+            name = "daily charges"
+            per = "agent/day"
+            max = 10000
+            currency = "usd"
+            tools = ["charge_card"]
+            "#,
+        )
+        .unwrap();
+        file.insert("limits".into(), toml::Value::Table(limits));
+    })
+    .await;
+    let run = s
+        .agent
+        .start_run("slack-limit", "Charge Lena for twelve kettles")
+        .await
+        .unwrap();
+    let charge = json!({"customer": "cus_lena", "amount": 12000, "currency": "usd"});
+    let held = s.agent.act(&run, "charge_card", charge).await.unwrap();
+    assert_eq!(held["outcome"], "held_over_limit", "{held}");
+    let approval = s.state.store.pending_approvals().await.unwrap()[0].clone();
+    let key = notice_key(
+        approval.run_id,
+        approval.id,
+        saga_harness::saga::model::NoticePlace::Primary,
+    );
+    let posted = s.posted(&key).await;
+    let text = posted["blocks"].to_string();
+    assert!(
+        text.contains(&format!(
+            "This would take {AGENT}'s daily charges in the last 24 hours to $120.00 of $100.00"
+        )),
+        "{text}"
+    );
+    assert_eq!(button_labels(&posted), ["Approve", "Reject"]);
+    s.press(&key, "saga_approve", LEAD).await;
+    s.updated_to_say(&key, "Approved").await;
+    let charged = s.sims.stripe.ledger().of("payment_intent.created");
+    assert_eq!(charged.len(), 1, "{charged:?}");
+    assert_eq!(charged[0].detail["amount"], 12000);
+    let events = s
+        .state
+        .store
+        .events(Some(run.parse().unwrap()), 100)
+        .await
+        .unwrap();
+    assert!(
+        events.iter().any(|e| e.entity.as_str() == "approval"
+            && e.to_status.as_deref() == Some("approved")
+            && e.actor == Actor::User("lead".into())),
+        "{events:?}"
+    );
+}

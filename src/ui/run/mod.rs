@@ -108,7 +108,7 @@ fn limits_panel(lines: Vec<LimitLine>) -> impl IntoView {
                         <li class=class>
                             <strong>{line.name}</strong>
                             " (" {line.whose} "): "
-                            {line.spent}
+                            {line.spent} " used so far"
                             <meter min="0" max="100" value=line.percent.min(100)></meter>
                         </li>
                     }
