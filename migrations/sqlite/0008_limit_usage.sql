@@ -1,10 +1,16 @@
--- What each step counts against the tools file's limits (money, recipients,
--- calls): one row per step and limit scope, written in the commit of the
--- step's intent (crates/core/src/limits.rs). A row counts while its step is
--- INTENDED, UNKNOWN or CONFIRMED; the step's status alone says so, so a
--- failed or compensated step gives its amount back without a write here.
+-- Limits on the sum of correct calls (crates/core/src/limits.rs).
+--
+-- `limit_usage`: one row per step and limit scope it counts against
+-- (`refunds|agent:demo-agent`), written in the commit of the step's
+-- intent. A row counts while its step is INTENDED, UNKNOWN or CONFIRMED.
+--
+-- `limit_totals`: each scope's counted sum, so a check reads one row, not
+-- every row of its window. Kept by triggers: a usage row adds its amount
+-- when its step counts; a step moving into or out of a counting status
+-- adds or gives back its amounts. Rows that leave a rolling window are
+-- swept out by the next check of their scope (`swept_at`, a julianday:
+-- every counted row at or before it has left `used`), each row once.
 CREATE TABLE limit_usage (
-    -- The limit's name and whose usage it is: `refunds|agent:demo-agent`.
     scope    TEXT NOT NULL,
     run_id   TEXT NOT NULL,
     step_idx INTEGER NOT NULL,
@@ -15,3 +21,35 @@ CREATE TABLE limit_usage (
     FOREIGN KEY (run_id, step_idx) REFERENCES saga_log (run_id, step_idx) ON DELETE CASCADE
 );
 CREATE INDEX limit_usage_by_scope_and_time ON limit_usage (scope, at);
+CREATE INDEX limit_usage_by_step ON limit_usage (run_id, step_idx);
+
+CREATE TABLE limit_totals (
+    scope    TEXT PRIMARY KEY NOT NULL,
+    used     INTEGER NOT NULL DEFAULT 0,
+    swept_at REAL NOT NULL DEFAULT 0
+);
+
+CREATE TRIGGER limit_usage_counted AFTER INSERT ON limit_usage
+WHEN EXISTS (SELECT 1 FROM saga_log s
+             WHERE s.run_id = NEW.run_id AND s.step_idx = NEW.step_idx
+                 AND s.status IN ('INTENDED', 'UNKNOWN', 'CONFIRMED'))
+BEGIN
+    INSERT OR IGNORE INTO limit_totals (scope, used, swept_at) VALUES (NEW.scope, 0, 0);
+    UPDATE limit_totals SET used = used + NEW.amount
+    WHERE scope = NEW.scope AND NEW.at > swept_at;
+END;
+
+CREATE TRIGGER saga_log_recounted AFTER UPDATE OF status ON saga_log
+WHEN (OLD.status IN ('INTENDED', 'UNKNOWN', 'CONFIRMED'))
+    <> (NEW.status IN ('INTENDED', 'UNKNOWN', 'CONFIRMED'))
+BEGIN
+    UPDATE limit_totals
+    SET used = used + (CASE WHEN NEW.status IN ('INTENDED', 'UNKNOWN', 'CONFIRMED')
+                            THEN 1 ELSE -1 END)
+        * (SELECT u.amount FROM limit_usage u
+           WHERE u.run_id = NEW.run_id AND u.step_idx = NEW.step_idx
+               AND u.scope = limit_totals.scope)
+    WHERE EXISTS (SELECT 1 FROM limit_usage u
+                  WHERE u.run_id = NEW.run_id AND u.step_idx = NEW.step_idx
+                      AND u.scope = limit_totals.scope AND u.at > limit_totals.swept_at);
+END;

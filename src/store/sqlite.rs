@@ -139,6 +139,7 @@ macro_rules! intent {
     };
     ($also:expr) => {
         concat!(
+            sweep_limits!(),
             "UPDATE runs SET next_step = next_step + 1,
             irreversible_before_pivot = irreversible_before_pivot + $12, updated_at = $11
          WHERE id = $1 AND next_step = $2",
@@ -157,27 +158,48 @@ macro_rules! intent {
     };
 }
 
-/// The limits test of an intent: `$17` is the step's limits (JSON, or
-/// NULL for none). When they are enforced, no charge may take its scope's
-/// counted usage in its window past its maximum. One process writes the
-/// file and each job's statements run in turn, so the sum sees every
-/// intent written before it, grouped or not.
-macro_rules! within_limits {
+/// The limits of an intent: `$17` is the step's limits (JSON, or NULL for
+/// none). `sweep_limits!` runs first: each enforced charge's totals row
+/// (migration 0008) is made, and the counted rows that have left its
+/// rolling window since the last check leave its sum. `within_limits!` is
+/// then a condition of the intent's guarded write: every enforced charge
+/// fits under its maximum with the scope's sum. One process writes the
+/// file and each job's statements run in turn, so each check reads the
+/// sums every earlier intent left; the intent's usage rows add themselves
+/// (a trigger), so an intent that is not written counts nothing.
+macro_rules! sweep_limits {
     () => {
         concat!(
-            " AND ($17 IS NULL OR json_extract($17, '$.enforce') = 0 OR NOT EXISTS (
-                SELECT 1 FROM json_each($17, '$.charges') AS c
-                WHERE json_extract(c.value, '$.amount') + (SELECT coalesce(sum(u.amount), 0)
-                    FROM limit_usage u
-                    JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
-                    WHERE u.scope = json_extract(c.value, '$.scope')
-                        AND (json_extract(c.value, '$.window_s') IS NULL
-                            OR u.at > julianday('now') - json_extract(c.value, '$.window_s') / 86400.0)
-                        AND s.status IN ",
+            "INSERT OR IGNORE INTO limit_totals (scope, used, swept_at)
+             SELECT json_extract(c.value, '$.scope'), 0, 0 FROM json_each($17, '$.charges') AS c
+             WHERE json_extract($17, '$.enforce') = 1;
+             UPDATE limit_totals
+             SET used = used - (SELECT coalesce(sum(u.amount), 0) FROM limit_usage u
+                     JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
+                     WHERE u.scope = limit_totals.scope AND u.at > limit_totals.swept_at
+                         AND u.at <= julianday('now') - w.window_s / 86400.0
+                         AND s.status IN ",
             crate::store::sql::counted_sql!(),
-            ")
-                    > json_extract(c.value, '$.max')))"
+            "),
+                 swept_at = julianday('now') - w.window_s / 86400.0
+             FROM (SELECT json_extract(c.value, '$.scope') AS scope,
+                          json_extract(c.value, '$.window_s') AS window_s
+                   FROM json_each($17, '$.charges') AS c
+                   WHERE json_extract($17, '$.enforce') = 1) AS w
+             WHERE limit_totals.scope = w.scope AND w.window_s IS NOT NULL
+                 AND limit_totals.swept_at < julianday('now') - w.window_s / 86400.0;"
         )
+    };
+}
+
+macro_rules! within_limits {
+    () => {
+        " AND ($17 IS NULL OR json_extract($17, '$.enforce') = 0 OR NOT EXISTS (
+            SELECT 1 FROM json_each($17, '$.charges') AS c
+            WHERE json_extract(c.value, '$.amount')
+                + coalesce((SELECT t.used FROM limit_totals t
+                            WHERE t.scope = json_extract(c.value, '$.scope')), 0)
+                > json_extract(c.value, '$.max')))"
     };
 }
 
@@ -262,21 +284,20 @@ impl Dialect for SqliteStore {
     const RUN_FOR_UPDATE: &'static str = concat!("SELECT * FROM runs WHERE id = $1", "");
     const APPROVAL_FOR_UPDATE: &'static str = concat!("SELECT * FROM approvals WHERE id = $1", "");
     const LIMIT_USED: &'static str = concat!(
-        "SELECT coalesce(sum(u.amount), 0) AS used FROM limit_usage u
-         JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
-         WHERE u.scope = $1 AND ($2 IS NULL OR u.at > julianday('now') - $2 / 86400.0)
-             AND s.status IN ",
-        crate::store::sql::counted_sql!()
+        "SELECT coalesce((SELECT t.used - (SELECT coalesce(sum(u.amount), 0) FROM limit_usage u
+                 JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
+                 WHERE u.scope = t.scope AND u.at > t.swept_at AND $2 IS NOT NULL
+                     AND u.at <= julianday('now') - $2 / 86400.0 AND s.status IN ",
+        crate::store::sql::counted_sql!(),
+        ") FROM limit_totals t WHERE t.scope = $1), 0) AS used"
     );
     const LIMIT_PEAK: &'static str = concat!(
-        "SELECT coalesce(max(used), 0) AS used FROM (
-             SELECT sum(u.amount) AS used FROM limit_usage u
-             JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
-             WHERE substr(u.scope, 1, length($1)) = $1
-                 AND ($2 IS NULL OR u.at > julianday('now') - $2 / 86400.0)
-                 AND s.status IN ",
+        "SELECT coalesce(max(t.used - (SELECT coalesce(sum(u.amount), 0) FROM limit_usage u
+                 JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
+                 WHERE u.scope = t.scope AND u.at > t.swept_at AND $2 IS NOT NULL
+                     AND u.at <= julianday('now') - $2 / 86400.0 AND s.status IN ",
         crate::store::sql::counted_sql!(),
-        " GROUP BY u.scope)"
+        ")), 0) AS used FROM limit_totals t WHERE substr(t.scope, 1, length($1)) = $1"
     );
     const USAGE_INSERT: &'static str =
         "INSERT INTO limit_usage (scope, run_id, step_idx, amount, at)

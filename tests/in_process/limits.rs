@@ -427,3 +427,170 @@ async fn postgres_a_step_counts_while_its_effect_stands_or_may() {
         a_step_counts_while_its_effect_stands_or_may(db).await;
     }
 }
+
+/// A rolling window lets usage go once it is older than the window, and
+/// each row leaves the sum once: a step that fails after its row left the
+/// window gives nothing back twice.
+async fn a_rolling_window_lets_old_usage_go_each_row_once(db: common::TestDb) {
+    let opened = saga_harness::store::open_with(&db.url, &db.settings())
+        .await
+        .unwrap();
+    let store = opened.saga_store();
+    let (run, _) = store
+        .create_run(NewRun {
+            agent: AGENT.into(),
+            label: None,
+            purpose: "windows".into(),
+        })
+        .await
+        .unwrap();
+    let scope = "per second|agent:billing-bot";
+    let new = |idx: i64, amount: i64| NewStep {
+        run_id: run.id,
+        step_idx: idx,
+        tool: "charge_card".into(),
+        tool_class: saga_harness::saga::class::ToolClass::Compensatable,
+        idempotency_key: format!("w-{idx}-{}", run.id),
+        args: json!({"amount": amount}),
+        status: StepStatus::Intended,
+        compensation: None,
+        audience: saga_harness::saga::class::Audience::Finance,
+        phase: saga_harness::saga::class::Phase::BeforePivot,
+        limits: StepLimits {
+            enforce: true,
+            charges: vec![Charge {
+                window_s: Some(1),
+                ..charge(scope, amount, 1000)
+            }],
+        },
+    };
+    let agent = Actor::Agent(AGENT.into());
+    let used = || async {
+        store
+            .limit_usage(&[(scope.to_owned(), Some(1))])
+            .await
+            .unwrap()[0]
+    };
+    store.record_step(new(0, 800), &agent).await.unwrap();
+    assert_eq!(used().await, 800);
+    assert!(store.record_step(new(1, 300), &agent).await.is_err());
+    tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
+    assert_eq!(used().await, 0, "out of the window");
+    // The next check sweeps the old row out and fits.
+    store.record_step(new(1, 900), &agent).await.unwrap();
+    assert_eq!(used().await, 900);
+    // The old step fails now: its row already left the sum.
+    store
+        .settle_step(
+            run.id,
+            0,
+            Outcome {
+                from: StepStatus::Intended,
+                to: StepStatus::Failed,
+                external_ref: None,
+                result: None,
+                error: None,
+            },
+            saga_harness::saga::model::Durability::Durable,
+            &agent,
+        )
+        .await
+        .unwrap();
+    assert_eq!(used().await, 900, "given back once, not twice");
+    opened.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_a_rolling_window_lets_old_usage_go_each_row_once() {
+    a_rolling_window_lets_old_usage_go_each_row_once(common::sqlite()).await;
+}
+
+#[tokio::test]
+async fn postgres_a_rolling_window_lets_old_usage_go_each_row_once() {
+    if let Some(db) = common::postgres().await {
+        a_rolling_window_lets_old_usage_go_each_row_once(db).await;
+    }
+}
+
+/// On PostgreSQL, an intent whose scope another transaction is counting
+/// waits for that transaction and then reads what it committed: it never
+/// fits under a sum it read before the other's commit.
+#[tokio::test]
+async fn postgres_an_intent_waits_for_the_commit_counting_its_scope() {
+    use sqlx::Connection as _;
+    let Some(db) = common::postgres().await else {
+        return;
+    };
+    let opened = saga_harness::store::open_with(&db.url, &db.settings())
+        .await
+        .unwrap();
+    let store = opened.saga_store();
+    let (run, _) = store
+        .create_run(NewRun {
+            agent: AGENT.into(),
+            label: None,
+            purpose: "waiting".into(),
+        })
+        .await
+        .unwrap();
+    let scope = "charges|agent:billing-bot";
+    let mut other = sqlx::PgConnection::connect(&db.direct_url).await.unwrap();
+    sqlx::query("INSERT INTO limit_totals (scope, used, swept_at) VALUES ($1, 0, now())")
+        .bind(scope)
+        .execute(&mut other)
+        .await
+        .unwrap();
+    // Another writer counts 600 against the scope and has not committed.
+    let mut counting = other.begin().await.unwrap();
+    sqlx::query("UPDATE limit_totals SET used = used + 600 WHERE scope = $1")
+        .bind(scope)
+        .execute(&mut *counting)
+        .await
+        .unwrap();
+    let intent = tokio::spawn({
+        let store = store.clone();
+        let run_id = run.id;
+        async move {
+            store
+                .record_step(
+                    NewStep {
+                        run_id,
+                        step_idx: 0,
+                        tool: "charge_card".into(),
+                        tool_class: saga_harness::saga::class::ToolClass::Compensatable,
+                        idempotency_key: format!("wait-{run_id}"),
+                        args: json!({"amount": 500}),
+                        status: StepStatus::Intended,
+                        compensation: None,
+                        audience: saga_harness::saga::class::Audience::Finance,
+                        phase: saga_harness::saga::class::Phase::BeforePivot,
+                        limits: StepLimits {
+                            enforce: true,
+                            charges: vec![Charge {
+                                window_s: None,
+                                ..charge(scope, 500, 1000)
+                            }],
+                        },
+                    },
+                    &Actor::Agent(AGENT.into()),
+                )
+                .await
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert!(
+        !intent.is_finished(),
+        "the intent waits for the other commit"
+    );
+    counting.commit().await.unwrap();
+    let refused = intent.await.unwrap().unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            saga_harness::saga::store::StoreError::OverLimit { used: 600, .. }
+        ),
+        "{refused:?}"
+    );
+    assert!(store.steps(run.id).await.unwrap().is_empty());
+    opened.close().await;
+}

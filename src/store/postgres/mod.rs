@@ -799,21 +799,20 @@ impl Dialect for PostgresStore {
     const APPROVAL_FOR_UPDATE: &'static str =
         concat!("SELECT * FROM approvals WHERE id = $1", " FOR UPDATE");
     const LIMIT_USED: &'static str = concat!(
-        "SELECT coalesce(sum(u.amount), 0)::int8 AS used FROM limit_usage u
-         JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
-         WHERE u.scope = $1 AND ($2::int8 IS NULL OR u.at > now() - $2 * interval '1 second')
-             AND s.status IN ",
-        crate::store::sql::counted_sql!()
+        "SELECT coalesce((SELECT t.used - (SELECT coalesce(sum(u.amount), 0) FROM limit_usage u
+                 JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
+                 WHERE u.scope = t.scope AND u.at > t.swept_at AND $2::int8 IS NOT NULL
+                     AND u.at <= now() - $2 * interval '1 second' AND s.status IN ",
+        crate::store::sql::counted_sql!(),
+        ") FROM limit_totals t WHERE t.scope = $1), 0)::int8 AS used"
     );
     const LIMIT_PEAK: &'static str = concat!(
-        "SELECT coalesce(max(used), 0)::int8 AS used FROM (
-             SELECT sum(u.amount) AS used FROM limit_usage u
-             JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
-             WHERE left(u.scope, length($1)) = $1
-                 AND ($2::int8 IS NULL OR u.at > now() - $2 * interval '1 second')
-                 AND s.status IN ",
+        "SELECT coalesce(max(t.used - (SELECT coalesce(sum(u.amount), 0) FROM limit_usage u
+                 JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
+                 WHERE u.scope = t.scope AND u.at > t.swept_at AND $2::int8 IS NOT NULL
+                     AND u.at <= now() - $2 * interval '1 second' AND s.status IN ",
         crate::store::sql::counted_sql!(),
-        " GROUP BY u.scope) AS per_scope"
+        ")), 0)::int8 AS used FROM limit_totals t WHERE left(t.scope, length($1)) = $1"
     );
     const USAGE_INSERT: &'static str =
         "INSERT INTO limit_usage (scope, run_id, step_idx, amount, at)

@@ -77,8 +77,10 @@ const OUTCOMES: &str = include_str!("outcomes.sql");
 
 /// The limits test of an intent, for the `advanced` update's condition:
 /// `$N` is the step's limits (JSON, or NULL for none). Enforced charges
-/// must fit (`saga_within_limits`, migration 0008: it locks each scope and
-/// sums with a fresh snapshot, so concurrent intents are counted in turn).
+/// must fit (`saga_within_limits`, migration 0008: it locks each scope's
+/// totals row and reads it as last committed, so concurrent intents are
+/// counted in turn; the usage rows written with the intent add themselves
+/// to the totals, so an intent that is not written counts nothing).
 macro_rules! within_limits {
     ($n:literal) => {
         concat!(
