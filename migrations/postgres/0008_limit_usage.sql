@@ -17,11 +17,14 @@ CREATE TABLE limit_usage (
     amount   BIGINT NOT NULL CHECK (amount > 0),
     -- The database's clock when the intent was written.
     at       TIMESTAMPTZ NOT NULL DEFAULT now(),
-    PRIMARY KEY (scope, run_id, step_idx),
-    FOREIGN KEY (run_id, step_idx) REFERENCES saga_log (run_id, step_idx) ON DELETE CASCADE
+    -- By step first: a step's rows are found when its status moves. No
+    -- foreign key: its check would cost every limited intent a read of
+    -- the row it has just written; whoever deletes a step deletes its
+    -- rows here in the same transaction.
+    PRIMARY KEY (run_id, step_idx, scope)
 );
+-- A scope's rows in time order: the rows leaving its window.
 CREATE INDEX limit_usage_by_scope_and_time ON limit_usage (scope, at);
-CREATE INDEX limit_usage_by_step ON limit_usage (run_id, step_idx);
 
 CREATE TABLE limit_totals (
     scope    TEXT PRIMARY KEY,
@@ -79,22 +82,30 @@ DECLARE
     swept timestamptz;
     cutoff timestamptz;
     expired bigint;
+    leaving bigint;
     fits boolean := true;
 BEGIN
     FOR c IN SELECT * FROM jsonb_to_recordset(charges)
              AS x(scope text, amount int8, max int8, window_s int8)
              ORDER BY x.scope LOOP
-        INSERT INTO limit_totals (scope) VALUES (c.scope) ON CONFLICT (scope) DO NOTHING;
         SELECT t.used, t.swept_at INTO used_now, swept
         FROM limit_totals t WHERE t.scope = c.scope FOR UPDATE;
+        IF NOT FOUND THEN
+            INSERT INTO limit_totals (scope) VALUES (c.scope) ON CONFLICT (scope) DO NOTHING;
+            SELECT t.used, t.swept_at INTO used_now, swept
+            FROM limit_totals t WHERE t.scope = c.scope FOR UPDATE;
+        END IF;
         IF c.window_s IS NOT NULL THEN
             cutoff := now() - c.window_s * interval '1 second';
-            IF cutoff > swept THEN
-                SELECT coalesce(sum(u.amount), 0) INTO expired
-                FROM limit_usage u
-                JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
-                WHERE u.scope = c.scope AND u.at > swept AND u.at <= cutoff
-                    AND s.status IN ('INTENDED', 'UNKNOWN', 'CONFIRMED');
+            -- Only the rows that left the window since the last sweep
+            -- are read, and the row is written only when there are some.
+            SELECT coalesce(sum(u.amount) FILTER (WHERE s.status IN
+                       ('INTENDED', 'UNKNOWN', 'CONFIRMED')), 0), count(*)
+            INTO expired, leaving
+            FROM limit_usage u
+            JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
+            WHERE u.scope = c.scope AND u.at > swept AND u.at <= cutoff;
+            IF leaving > 0 THEN
                 UPDATE limit_totals SET used = used - expired, swept_at = cutoff
                 WHERE scope = c.scope;
                 used_now := used_now - expired;

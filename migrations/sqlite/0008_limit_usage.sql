@@ -17,11 +17,14 @@ CREATE TABLE limit_usage (
     amount   INTEGER NOT NULL CHECK (amount > 0),
     -- julianday('now') on the database's clock when the intent was written.
     at       REAL NOT NULL,
-    PRIMARY KEY (scope, run_id, step_idx),
-    FOREIGN KEY (run_id, step_idx) REFERENCES saga_log (run_id, step_idx) ON DELETE CASCADE
+    -- By step first: a step's rows are found when its status moves. No
+    -- foreign key: its check would cost every limited intent a read of
+    -- the row it has just written; whoever deletes a step deletes its
+    -- rows here in the same transaction.
+    PRIMARY KEY (run_id, step_idx, scope)
 );
+-- A scope's rows in time order: the rows leaving its window.
 CREATE INDEX limit_usage_by_scope_and_time ON limit_usage (scope, at);
-CREATE INDEX limit_usage_by_step ON limit_usage (run_id, step_idx);
 
 CREATE TABLE limit_totals (
     scope    TEXT PRIMARY KEY NOT NULL,

@@ -21,9 +21,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Steps per round: one run alone, and eight runs at once (each an
-/// eighth).
+/// eighth); a tenth of each with `--quick`.
 const ALONE: usize = 300;
 const EIGHT: usize = 800;
+
+fn sizes(quick: bool) -> (usize, usize) {
+    if quick {
+        (ALONE / 10, EIGHT / 10)
+    } else {
+        (ALONE, EIGHT)
+    }
+}
 
 /// The benchmark's tools with limits that count every `noop_looked_up`
 /// step.
@@ -55,8 +63,10 @@ tools = [\"noop_looked_up\"]
 pub async fn measure(
     target: &mut Target,
     rounds: usize,
+    quick: bool,
     figures: &mut Figures,
 ) -> anyhow::Result<()> {
+    let (alone_steps, eight_steps) = sizes(quick);
     let prefix = target.prefix();
     let url = target.database("limits").await?;
     let plain = super::path::registry()?;
@@ -78,7 +88,7 @@ pub async fn measure(
             .await?;
             let run = path.new_run().await?;
             let started = Instant::now();
-            let alone = path.steps_on(run, "noop_looked_up", ALONE).await?;
+            let alone = path.steps_on(run, "noop_looked_up", alone_steps).await?;
             let per_s = alone.len() as f64 / started.elapsed().as_secs_f64();
             figures.record(
                 &key("c1.p50_ms"),
@@ -91,10 +101,12 @@ pub async fn measure(
             let started = Instant::now();
             let each = try_join_all(runs.into_iter().map(|run| {
                 let path = path.clone();
-                tokio::spawn(async move { path.steps_on(run, "noop_looked_up", EIGHT / 8).await })
+                tokio::spawn(
+                    async move { path.steps_on(run, "noop_looked_up", eight_steps / 8).await },
+                )
             }))
             .await?;
-            let mut latencies = Vec::with_capacity(EIGHT);
+            let mut latencies = Vec::with_capacity(eight_steps);
             for one in each {
                 latencies.extend(one?);
             }
@@ -149,6 +161,7 @@ pub fn targets(figures: &Figures) -> Vec<(String, Option<f64>, f64)> {
 
 /// benches/README.md's limits table from a `bench --limits --json` report.
 pub fn markdown(report: &Value) -> String {
+    let (alone, eight) = sizes(report["quick"].as_bool().unwrap_or(false));
     let median = |key: &str| report["figures"][key]["median"].as_f64();
     let cell = |prefix: &str, at: &str| {
         let get =
@@ -180,7 +193,7 @@ pub fn markdown(report: &Value) -> String {
         cell("postgres", "c8")
     ));
     out.push_str(&format!(
-        "\nMeasured {} ({} build, {} rounds, medians; {} cores; {ALONE} steps alone and {EIGHT} at eight runs per round and variant; usage kept across rounds).\n",
+        "\nMeasured {} ({} build, {} rounds, medians; {} cores; {alone} steps alone and {eight} at eight runs per round and variant; usage kept across rounds).\n",
         report["date"].as_str().unwrap_or("?").get(..10).unwrap_or("?"),
         report["build"].as_str().unwrap_or("?"),
         report["rounds"],

@@ -352,7 +352,7 @@ async fn run_limits(args: BenchArgs) -> anyhow::Result<()> {
     let rounds = args.rounds.unwrap_or(5);
     let mut figures = Figures::default();
     for mut target in targets(&args)? {
-        let measured = limits::measure(&mut target, rounds, &mut figures).await;
+        let measured = limits::measure(&mut target, rounds, args.quick, &mut figures).await;
         target.clean_up().await?;
         measured?;
     }
@@ -371,6 +371,7 @@ async fn run_limits(args: BenchArgs) -> anyhow::Result<()> {
         let report = json!({
             "date": chrono::Utc::now().to_rfc3339(),
             "mode": "limits",
+            "quick": args.quick,
             "machine": machine(),
             "build": if cfg!(debug_assertions) { "debug" } else { "release" },
             "rounds": rounds,

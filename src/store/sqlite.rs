@@ -187,7 +187,9 @@ macro_rules! sweep_limits {
                    FROM json_each($17, '$.charges') AS c
                    WHERE json_extract($17, '$.enforce') = 1) AS w
              WHERE limit_totals.scope = w.scope AND w.window_s IS NOT NULL
-                 AND limit_totals.swept_at < julianday('now') - w.window_s / 86400.0;"
+                 AND EXISTS (SELECT 1 FROM limit_usage u
+                     WHERE u.scope = limit_totals.scope AND u.at > limit_totals.swept_at
+                         AND u.at <= julianday('now') - w.window_s / 86400.0);"
         )
     };
 }

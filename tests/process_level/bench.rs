@@ -124,6 +124,72 @@ fn the_readme_in_flight_table_is_generated_from_the_committed_results() {
     );
 }
 
+/// `bench --limits --quick` measures a step with and without limits on
+/// both backends and writes each figure and its ratio.
+#[test]
+fn the_quick_limits_benchmark_reports_both_variants() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let json = dir.path().join("limits.json");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_saga-harness"));
+    command
+        .args(["bench", "--limits", "--quick", "--json"])
+        .arg(&json)
+        .env_remove("SAGA_BENCH_POSTGRES_URL");
+    match std::env::var("SAGA_TEST_POSTGRES_URL") {
+        Ok(url) => command.args(["--backend", "both", "--postgres-url", &url]),
+        Err(_) => command.args(["--backend", "sqlite"]),
+    };
+    let output = command
+        .output()
+        .expect("running saga-harness bench --limits");
+    assert!(
+        output.status.success(),
+        "bench --limits --quick failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON file"))
+            .expect("JSON");
+    let backends: &[&str] = if std::env::var("SAGA_TEST_POSTGRES_URL").is_ok() {
+        &["sqlite", "postgres"]
+    } else {
+        &["sqlite"]
+    };
+    for backend in backends {
+        for key in [
+            "limits.off.c1.p50_ms",
+            "limits.on.c1.p50_ms",
+            "limits.off.c8.per_s",
+            "limits.on.c8.per_s",
+            "limits.ratio.c1.p50",
+            "limits.ratio.c8.p50",
+        ] {
+            let median = report["figures"][format!("{backend}.{key}")]["median"].as_f64();
+            assert!(
+                median.is_some_and(|m| m.is_finite() && m > 0.0),
+                "{backend}.{key}: {median:?}"
+            );
+        }
+    }
+    let table = saga_harness::bench::limits_table(&report);
+    assert!(table.contains("30 steps alone"), "{table}");
+}
+
+/// benches/README.md's limits table is the committed `bench --limits`
+/// output: regenerate it with `saga-harness bench --limits-table
+/// benches/results/limits.json` after a new run.
+#[test]
+fn the_readme_limits_table_is_generated_from_the_committed_results() {
+    let report = committed("limits.json");
+    let readme = std::fs::read_to_string("benches/README.md").unwrap();
+    assert_eq!(
+        readme_region(&readme, "limits table", "limits.json"),
+        saga_harness::bench::limits_table(&report),
+        "benches/README.md's limits table differs from benches/results/limits.json"
+    );
+}
+
 /// A benchmark report committed under benches/results.
 fn committed(file: &str) -> Value {
     let path = format!("benches/results/{file}");
