@@ -40,6 +40,8 @@ pub struct Reading {
     pub corrections_pending: f64,
     pub db_in_use: f64,
     pub db_max: f64,
+    /// Each limit's use by its busiest scope, as a share of its maximum.
+    pub limit_used: BTreeMap<String, f64>,
 }
 
 impl Reading {
@@ -95,6 +97,9 @@ impl Reading {
                         reading.db_in_use += gauge
                     }
                     "saga_db_connections_max" => reading.db_max = gauge,
+                    "saga_limit_used_ratio" => {
+                        reading.limit_used.insert(label("limit"), gauge);
+                    }
                     _ => {}
                 }
             }
@@ -209,6 +214,20 @@ pub fn view(mut readings: Vec<Reading>, now: Reading) -> OperationsView {
         None,
         &times,
     ));
+    for limit in last.limit_used.keys() {
+        let points: Vec<Option<f64>> = pairs
+            .iter()
+            .map(|(_, to)| to.limit_used.get(limit).map(|ratio| ratio * 100.0))
+            .collect();
+        let now = last.limit_used.get(limit).copied().unwrap_or(0.0) * 100.0;
+        charts.push(Chart::line(
+            &format!("Limit “{limit}”: % used by its busiest agent, run or customer"),
+            format!("{now:.0}% now"),
+            points,
+            Some(100.0),
+            &times,
+        ));
+    }
     charts.push(Chart::line(
         "Approvals waiting",
         format!(
@@ -293,6 +312,23 @@ mod tests {
             approvals_waiting: waiting,
             ..Reading::default()
         }
+    }
+
+    #[test]
+    fn each_limit_is_a_line_in_percent_with_its_maximum_drawn() {
+        let mut first = at(0, 0.0, 0.0);
+        first.limit_used.insert("refunds".into(), 0.25);
+        let mut now = at(1, 0.0, 0.0);
+        now.limit_used.insert("refunds".into(), 0.5);
+        let view = view(vec![first], now);
+        let chart = view
+            .charts
+            .iter()
+            .find(|c| c.title.contains("“refunds”"))
+            .unwrap();
+        assert_eq!(chart.points, vec![Some(50.0)]);
+        assert_eq!(chart.now, "50% now");
+        assert_eq!(chart.ceiling, Some(100.0));
     }
 
     #[test]

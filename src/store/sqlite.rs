@@ -159,9 +159,10 @@ macro_rules! intent {
 }
 
 /// The limits of an intent: `$17` is the step's limits (JSON, or NULL for
-/// none). `sweep_limits!` runs first: each enforced charge's totals row
-/// (migration 0008) is made, and the counted rows that have left its
-/// rolling window since the last check leave its sum. `within_limits!` is
+/// none). `sweep_limits!` runs first: the counted rows that have left an
+/// enforced charge's rolling window since its last check leave its
+/// scope's sum (migration 0008; a scope with no totals row yet has
+/// counted nothing). `within_limits!` is
 /// then a condition of the intent's guarded write: every enforced charge
 /// fits under its maximum with the scope's sum. One process writes the
 /// file and each job's statements run in turn, so each check reads the
@@ -170,10 +171,7 @@ macro_rules! intent {
 macro_rules! sweep_limits {
     () => {
         concat!(
-            "INSERT OR IGNORE INTO limit_totals (scope, used, swept_at)
-             SELECT json_extract(c.value, '$.scope'), 0, 0 FROM json_each($17, '$.charges') AS c
-             WHERE json_extract($17, '$.enforce') = 1;
-             UPDATE limit_totals
+            "UPDATE limit_totals
              SET used = used - (SELECT coalesce(sum(u.amount), 0) FROM limit_usage u
                      JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
                      WHERE u.scope = limit_totals.scope AND u.at > limit_totals.swept_at

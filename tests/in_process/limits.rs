@@ -142,6 +142,13 @@ async fn racing_calls_never_sum_above_the_limit_on_the_ledger(db: common::TestDb
     assert_eq!(charged.len(), 10, "Stripe's ledger: {charged:?}");
     assert_eq!(charged.iter().sum::<i64>(), 49000);
     assert_eq!((confirmed, held), (10, 54));
+    // The gauge: the busiest scope has used 98 % of the limit.
+    let state = s.app.state();
+    let exposition = state.metrics.render(state.metric_sources()).await.unwrap();
+    assert!(
+        exposition.contains("saga_limit_used_ratio{limit=\"test charges\"} 0.98"),
+        "{exposition}"
+    );
     // Each held call waits for a person, with the reason as its summary.
     let pending = s.app.state().store.pending_approvals().await.unwrap();
     assert_eq!(pending.len(), 54);
@@ -593,4 +600,26 @@ async fn postgres_an_intent_waits_for_the_commit_counting_its_scope() {
     );
     assert!(store.steps(run.id).await.unwrap().is_empty());
     opened.close().await;
+}
+
+/// An irreversible call is held for its own approval anyway; when it
+/// would also cross a limit, the person deciding reads that too.
+#[tokio::test]
+async fn an_irreversible_call_held_anyway_also_says_the_limit_it_would_cross() {
+    let s = start(common::sqlite(), "").await;
+    let run = s.new_run().await;
+    let (status, held) = s
+        .post(
+            &format!("/runs/{run}/calls"),
+            json!({"tool": "refund", "step": 0, "args": {"charge_key": "pi_x", "amount": 60000}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{held}");
+    assert_eq!(held["outcome"], "awaiting_approval", "{held}");
+    let pending = s.app.state().store.pending_approvals().await.unwrap();
+    assert_eq!(
+        pending[0].summary,
+        "an irreversible call before the pivot needs its own approval. This would take billing-bot's refunds in the last 24 hours to $600.00 of $500.00"
+    );
+    assert!(s.sims.stripe.ledger().of("refund.created").is_empty());
 }

@@ -620,7 +620,12 @@ impl Engine {
         }
         if let Some(reason) = held_because {
             // Held: the index is reserved and the exact call stored, with
-            // its approval request, in one commit; nothing is sent.
+            // its approval request, in one commit; nothing is sent. The
+            // person deciding also reads a limit it would cross.
+            let reason = match self.would_cross(&new.limits, agent).await? {
+                Some(over) => format!("{reason}. {}", capitalised(&over.words)),
+                None => reason,
+            };
             let call = json!({"tool": tool, "args": args, "step": step});
             let (held, _) = self
                 .store
@@ -666,6 +671,30 @@ impl Engine {
         let settled = self.execute_logged(logged, &actor).await?;
         self.answer_agent(&settled, step + 1, owed_steps(), listening)
             .await
+    }
+
+    /// The first limit these charges would take past its maximum now, as
+    /// a person reads it (for a call held for another reason).
+    async fn would_cross(
+        &self,
+        limits: &StepLimits,
+        agent: &str,
+    ) -> Result<Option<OverLimit>, Refusal> {
+        if limits.is_empty() {
+            return Ok(None);
+        }
+        let scopes: Vec<(String, Option<i64>)> = limits
+            .charges
+            .iter()
+            .map(|c| (c.scope.clone(), c.window_s))
+            .collect();
+        let used = self.store.limit_usage(&scopes).await?;
+        Ok(limits
+            .charges
+            .iter()
+            .zip(used)
+            .find(|(c, used)| used.saturating_add(c.amount) > c.max)
+            .map(|(c, used)| self.registry.limits().over(c, used, agent)))
     }
 
     /// A call that would take a limit past its maximum: held for the
