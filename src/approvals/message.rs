@@ -27,6 +27,8 @@ pub struct Facts<'a> {
     pub run_url: String,
     /// The message to the escalation channel: nobody decided in time.
     pub escalated: bool,
+    /// The limits approving a waiting pivot would take past their maximum.
+    pub over_limits: Vec<String>,
 }
 
 /// A message ready to post or to rewrite a posted one with.
@@ -118,6 +120,11 @@ pub fn render(facts: &Facts<'_>) -> Shown {
         json!({"type": "header", "text": {"type": "plain_text", "text": shorten(what, 150)}}),
         section(format!("*{}*", escape(&approval.summary))),
     ];
+    if approval.status == ApprovalStatus::Pending {
+        for over in &facts.over_limits {
+            blocks.push(section(format!(":warning: Over a limit: {}", escape(over))));
+        }
+    }
     for (i, call) in facts.calls.iter().enumerate() {
         blocks.push(section(call_lines(i + 1, call)));
     }

@@ -249,6 +249,7 @@ impl Notifier {
         };
         let calls = self.calls(&approval).await?;
         let outcome = self.outcome(&approval, &run).await?;
+        let over_limits = self.engine.pivot_over_limits(&run, &approval).await?;
         Ok(Some(render(&Facts {
             approval: &approval,
             run: &run,
@@ -256,6 +257,7 @@ impl Notifier {
             outcome,
             run_url: self.slack.run_url(run.id),
             escalated: notice.place == NoticePlace::Escalation,
+            over_limits,
         })))
     }
 

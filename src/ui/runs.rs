@@ -34,6 +34,9 @@ pub struct RunRow {
     pub customer: Option<String>,
     /// The money its done steps moved, per currency, signed ("+$27.00").
     pub money: Option<String>,
+    /// The limit its calls count against that is nearest its maximum,
+    /// when at 80 % or more ("card charges at 92 %").
+    pub near_limit: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -159,6 +162,7 @@ fn runs_table(list: RunsList, status: Option<String>, search: String) -> AnyView
                             <td>
                                 <span class=status_class title=constant>{words}</span>
                                 {row.waiting.map(|w| view! { <span class="waiting muted">{w}</span> })}
+                                {row.near_limit.map(|l| view! { <span class="badge near-limit">{l}</span> })}
                             </td>
                             <td class="purpose-cell">
                                 <a href=format!("/runs/{}", row.id)>{row.purpose}</a>
@@ -284,6 +288,57 @@ pub mod ssr {
             .collect())
     }
 
+    /// For each run at 80 % or more of a limit its calls count against,
+    /// the nearest: one read per scope on the page, each one row.
+    async fn near_limits(
+        store: &dyn crate::saga::store::SagaStore,
+        registry: &crate::saga::registry::Registry,
+        runs: &[(Run, bool)],
+        steps: &[crate::saga::model::Step],
+    ) -> Result<std::collections::HashMap<uuid::Uuid, String>, StoreError> {
+        let limits = registry.limits();
+        let mut near: std::collections::HashMap<uuid::Uuid, (i64, String)> =
+            std::collections::HashMap::new();
+        if limits.is_empty() {
+            return Ok(std::collections::HashMap::new());
+        }
+        let mut per_run = Vec::new();
+        let mut asked: Vec<(String, Option<i64>)> = Vec::new();
+        for (run, _) in runs {
+            let args: Vec<(&str, &serde_json::Value)> = steps
+                .iter()
+                .filter(|s| s.run_id == run.id)
+                .map(|s| (s.tool.as_str(), &s.args))
+                .collect();
+            for (name, scope, window) in limits.scopes_of_run(run.id, &run.agent, &args) {
+                if !asked.iter().any(|(s, _)| *s == scope) {
+                    asked.push((scope.clone(), window));
+                }
+                per_run.push((run.id, name, scope));
+            }
+        }
+        let used = store.limit_usage(&asked).await?;
+        for (run, name, scope) in per_run {
+            let Some(limit) = limits.named(&name) else {
+                continue;
+            };
+            let Some(position) = asked.iter().position(|(s, _)| *s == scope) else {
+                continue;
+            };
+            let percent = used[position].saturating_mul(100) / limit.max.max(1);
+            if percent < 80 {
+                continue;
+            }
+            if near.get(&run).is_none_or(|(before, _)| percent > *before) {
+                near.insert(run, (percent, format!("{name} at {percent} %")));
+            }
+        }
+        Ok(near
+            .into_iter()
+            .map(|(run, (_, said))| (run, said))
+            .collect())
+    }
+
     /// Who a run is for: the customer its calls name (an id), else the
     /// first address they write to.
     fn customer_of(steps: &[crate::saga::model::Step]) -> Option<String> {
@@ -369,8 +424,16 @@ pub mod ssr {
                     })
             })
             .map(|spec| spec.name.as_str())
+            .chain(
+                registry
+                    .limits()
+                    .list
+                    .iter()
+                    .flat_map(|l| l.tools.iter().map(String::as_str)),
+            )
             .collect();
         let steps = store.steps_of_runs(&ids, &telling).await?;
+        let near = near_limits(store, registry, &shown.runs, &steps).await?;
         let steps_of = |run: uuid::Uuid| -> Vec<crate::saga::model::Step> {
             steps.iter().filter(|s| s.run_id == run).cloned().collect()
         };
@@ -390,6 +453,7 @@ pub mod ssr {
                 }),
                 customer: customer_of(&steps_of(run.id)),
                 money: money_of(registry, &steps_of(run.id)),
+                near_limit: near.get(&run.id).cloned(),
                 id: run.id.to_string(),
                 label: run.label,
                 agent: run.agent,

@@ -1050,3 +1050,47 @@ async fn a_call_over_a_limit_is_posted_with_its_reason_and_approved_from_slack()
         "{events:?}"
     );
 }
+
+/// A pivot whose commit steps would cross a limit says so in its Slack
+/// message before anyone approves, as on its panel.
+#[tokio::test]
+async fn a_pivot_that_would_cross_a_limit_says_so_in_slack_and_on_its_panel() {
+    let s = setup_with(common::sqlite(), "", "", |file| {
+        let limits: toml::Table = toml::from_str(
+            r#"
+            [[calls]]
+            name = "emails per run"
+            per = "run"
+            max = 1
+            tools = ["create_email_draft", "send_email"]
+            "#,
+        )
+        .unwrap();
+        file.insert("limits".into(), toml::Value::Table(limits));
+    })
+    .await;
+    let (run, _, key) = s.waiting_pivot("slack-pivot-limit").await;
+    let posted = s.posted(&key).await;
+    let text = posted["blocks"].to_string();
+    let sentence = "Over a limit: This would take this run's emails per run to 2 calls of 1 call";
+    assert!(text.contains(sentence), "{text}");
+    let lead = Dashboard::new();
+    lead.sign_in(&s.base, "lead", PASSWORD).await;
+    let page = lead.page(&s.base, &format!("/runs/{run}")).await;
+    // (The page escapes the apostrophe.)
+    assert!(
+        page.contains("Over a limit: ") && page.contains("emails per run to 2 calls of 1 call"),
+        "the panel says it too"
+    );
+    assert!(
+        page.contains("emails per run")
+            && page.contains("1 call of 1 call")
+            && page.contains("used so far"),
+        "the run's spending on its page"
+    );
+    let list = lead.page(&s.base, "/").await;
+    assert!(
+        list.contains("emails per run at 100 %"),
+        "the runs list marks a run at its limit"
+    );
+}

@@ -697,6 +697,43 @@ impl Engine {
             .map(|(c, used)| self.registry.limits().over(c, used, agent)))
     }
 
+    /// What approving a pending pivot's commit steps would take past a
+    /// limit now, in sentences (nothing for an approval that is not a
+    /// waiting pivot).
+    pub async fn pivot_over_limits(
+        &self,
+        run: &Run,
+        approval: &Approval,
+    ) -> Result<Vec<String>, Refusal> {
+        let limits = self.registry.limits();
+        if limits.is_empty()
+            || approval.kind != ApprovalKind::Pivot
+            || approval.status != ApprovalStatus::Pending
+        {
+            return Ok(Vec::new());
+        }
+        let Ok(plan) = PivotPlan::read(&approval.plan) else {
+            return Ok(Vec::new());
+        };
+        let calls: Vec<(&str, &Value)> = plan
+            .commit
+            .iter()
+            .map(|c| (c.tool.as_str(), &c.args))
+            .collect();
+        let charges = limits.charges_of_calls(&self.registry, &calls, run.id, &run.agent);
+        let scopes: Vec<(String, Option<i64>)> = charges
+            .iter()
+            .map(|c| (c.scope.clone(), c.window_s))
+            .collect();
+        let used = self.store.limit_usage(&scopes).await?;
+        Ok(charges
+            .iter()
+            .zip(used)
+            .filter(|(c, used)| used.saturating_add(c.amount) > c.max)
+            .map(|(c, used)| capitalised(&limits.over(c, used, &run.agent).words))
+            .collect())
+    }
+
     /// A call that would take a limit past its maximum: held for the
     /// tool's approvers with the reason in words, nothing sent. Its charges
     /// are kept with it, counted once a person approves it.

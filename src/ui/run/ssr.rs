@@ -159,7 +159,16 @@ pub async fn detail(
     let limits = limit_lines(state, &run, &steps).await?;
     let pivot = match pivot {
         Some(mut p) if p.status == ApprovalStatus::Pending => {
-            p.over_limits = pivot_over_limits(state, &run, &approvals).await?;
+            if let Some(approval) = approvals.iter().find(|a| a.id == p.approval_id) {
+                p.over_limits = state
+                    .engine
+                    .pivot_over_limits(&run, approval)
+                    .await
+                    .map_err(|refusal| match refusal {
+                        crate::saga::engine::Refusal::Store(err) => err,
+                        other => StoreError::Invalid(other.to_string()),
+                    })?;
+            }
             Some(p)
         }
         other => other,
@@ -216,43 +225,6 @@ async fn limit_lines(
                 percent: used.saturating_mul(100) / max.max(1),
             })
         })
-        .collect())
-}
-
-/// What approving the pending pivot would take past a limit, in words.
-async fn pivot_over_limits(
-    state: &AppState,
-    run: &crate::saga::model::Run,
-    approvals: &[crate::saga::model::Approval],
-) -> Result<Vec<String>, StoreError> {
-    let limits = state.registry.limits();
-    let Some(plan) = approvals
-        .iter()
-        .rev()
-        .find(|a| a.kind == ApprovalKind::Pivot && a.status == ApprovalStatus::Pending)
-        .and_then(|a| crate::saga::model::PivotPlan::read(&a.plan).ok())
-    else {
-        return Ok(Vec::new());
-    };
-    if limits.is_empty() {
-        return Ok(Vec::new());
-    }
-    let calls: Vec<(&str, &serde_json::Value)> = plan
-        .commit
-        .iter()
-        .map(|c| (c.tool.as_str(), &c.args))
-        .collect();
-    let charges = limits.charges_of_calls(&state.registry, &calls, run.id, &run.agent);
-    let asked: Vec<(String, Option<i64>)> = charges
-        .iter()
-        .map(|c| (c.scope.clone(), c.window_s))
-        .collect();
-    let used = state.store.limit_usage(&asked).await?;
-    Ok(charges
-        .iter()
-        .zip(used)
-        .filter(|(c, used)| used.saturating_add(c.amount) > c.max)
-        .map(|(c, used)| crate::saga::answer::capitalised(&limits.over(c, used, &run.agent).words))
         .collect())
 }
 
