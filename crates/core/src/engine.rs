@@ -19,7 +19,7 @@ use super::limits::{OverLimit, StepLimits};
 use super::model::*;
 use super::observe::{system_of, Observer, Settlement, SystemRequest, Unobserved};
 pub use super::refusal::Refusal;
-use super::registry::{Registry, ToolSpec};
+use super::registry::{ArgsMistake, Registry, ToolSpec};
 pub use super::run_locks::RunGuard;
 use super::run_locks::{FenceEntry, RunLocks, Runs};
 use super::status::{ApprovalStatus, RunStatus, StepStatus};
@@ -605,10 +605,13 @@ impl Engine {
         let charges = self
             .registry
             .limits()
-            .charges(spec, &args, run.id, agent)
+            .charges(tool, spec.money.as_ref(), &args, run.id, agent)
             .map_err(|mistake| Refusal::InvalidArgs {
                 tool: tool.to_owned(),
-                mistake,
+                mistake: ArgsMistake {
+                    field: mistake.field,
+                    problem: mistake.problem,
+                },
             })?;
         let (new, held_because) = new_step_row(spec, run.id, step, tool, &args, charges.step);
         tracing::Span::current().record("key", new.idempotency_key.as_str());
@@ -715,12 +718,15 @@ impl Engine {
         let Ok(plan) = PivotPlan::read(&approval.plan) else {
             return Ok(Vec::new());
         };
-        let calls: Vec<(&str, &Value)> = plan
+        let calls: Vec<(&str, Option<&super::limits::MoneyArgs>, &Value)> = plan
             .commit
             .iter()
-            .map(|c| (c.tool.as_str(), &c.args))
+            .map(|c| {
+                let money = self.registry.get(&c.tool).and_then(|s| s.money.as_ref());
+                (c.tool.as_str(), money, &c.args)
+            })
             .collect();
-        let charges = limits.charges_of_calls(&self.registry, &calls, run.id, &run.agent);
+        let charges = limits.charges_of_calls(&calls, run.id, &run.agent);
         let scopes: Vec<(String, Option<i64>)> = charges
             .iter()
             .map(|c| (c.scope.clone(), c.window_s))
@@ -811,10 +817,10 @@ impl Engine {
         }
         // A call whose limits cannot be read, or that crosses one on its
         // own, is the general path's to refuse or hold.
-        let Ok(charges) = self
-            .registry
-            .limits()
-            .charges(spec, args, run_id, bearer.agent)
+        let Ok(charges) =
+            self.registry
+                .limits()
+                .charges(tool, spec.money.as_ref(), args, run_id, bearer.agent)
         else {
             return not_ready(false);
         };

@@ -11,7 +11,6 @@
 //! compensation is confirmed (COMPENSATED) does not. A call that would
 //! cross a limit is held for a person instead of sent.
 
-use super::registry::{ArgsMistake, RegistryMistake, ToolSpec};
 use super::words::money;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -30,6 +29,28 @@ pub struct MoneyArgs {
     #[serde(default)]
     pub currency_is: Option<String>,
 }
+
+/// A call's argument a limit cannot count: which, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallMistake {
+    pub field: String,
+    pub problem: String,
+}
+
+/// What the limits need to know of a declared tool (the registry makes
+/// it from the tool's declaration).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolShape {
+    pub name: String,
+    pub pure: bool,
+    pub money: Option<MoneyArgs>,
+    /// Its arguments' JSON Schema, when it has one.
+    pub schema: Option<Value>,
+}
+
+/// A mistake in `[limits]`: the limit as the file names it, the field,
+/// and what is wrong.
+pub type LimitMistake = (String, &'static str, String);
 
 /// What a limit is counted per.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -265,11 +286,12 @@ impl Limits {
     /// a mistake in the call: nothing may be written for it.
     pub fn charges(
         &self,
-        spec: &ToolSpec,
+        tool: &str,
+        money: Option<&MoneyArgs>,
         args: &Value,
         run_id: Uuid,
         agent: &str,
-    ) -> Result<Charges, ArgsMistake> {
+    ) -> Result<Charges, CallMistake> {
         let mut charges = Charges {
             step: StepLimits {
                 enforce: true,
@@ -280,12 +302,12 @@ impl Limits {
         let applies: Vec<&Limit> = self
             .list
             .iter()
-            .filter(|l| l.tools.contains(&spec.name))
+            .filter(|l| l.tools.iter().any(|t| t == tool))
             .collect();
         if applies.is_empty() {
             return Ok(charges);
         }
-        let spent = match &spec.money {
+        let spent = match money {
             Some(declared) => Some(money_of(declared, args)?),
             None => None,
         };
@@ -422,17 +444,13 @@ impl Limits {
     /// scope: what approving them all would add to each limit.
     pub fn charges_of_calls(
         &self,
-        registry: &super::registry::Registry,
-        calls: &[(&str, &Value)],
+        calls: &[(&str, Option<&MoneyArgs>, &Value)],
         run_id: Uuid,
         agent: &str,
     ) -> Vec<Charge> {
         let mut summed: Vec<Charge> = Vec::new();
-        for (tool, args) in calls {
-            let Some(spec) = registry.get(tool) else {
-                continue;
-            };
-            let Ok(charges) = self.charges(spec, args, run_id, agent) else {
+        for (tool, money, args) in calls {
+            let Ok(charges) = self.charges(tool, *money, args, run_id, agent) else {
                 continue;
             };
             for charge in charges.step.charges {
@@ -467,16 +485,16 @@ impl Limits {
 }
 
 /// The amount and currency a call moves.
-fn money_of(declared: &MoneyArgs, args: &Value) -> Result<(i64, String), ArgsMistake> {
+fn money_of(declared: &MoneyArgs, args: &Value) -> Result<(i64, String), CallMistake> {
     let amount = match args.get(&declared.amount) {
-        Some(value) => value.as_i64().ok_or_else(|| ArgsMistake {
+        Some(value) => value.as_i64().ok_or_else(|| CallMistake {
             field: declared.amount.clone(),
             problem: format!(
                 "must be a whole number of minor units (cents), like 4900; got {value}"
             ),
         })?,
         None => {
-            return Err(ArgsMistake {
+            return Err(CallMistake {
                 field: declared.amount.clone(),
                 problem: "is missing: this tool moves money, and limits count the amount \
                           (in minor units, like 4900)"
@@ -485,7 +503,7 @@ fn money_of(declared: &MoneyArgs, args: &Value) -> Result<(i64, String), ArgsMis
         }
     };
     if amount < 0 {
-        return Err(ArgsMistake {
+        return Err(CallMistake {
             field: declared.amount.clone(),
             problem: "must not be negative".into(),
         });
@@ -498,14 +516,14 @@ fn money_of(declared: &MoneyArgs, args: &Value) -> Result<(i64, String), ArgsMis
     let currency = match (from_args, &declared.currency_is) {
         (Some(Value::String(code)), _) if known_currency(code) => code.to_ascii_lowercase(),
         (Some(other), _) => {
-            return Err(ArgsMistake {
+            return Err(CallMistake {
                 field: declared.currency.clone().unwrap_or_default(),
                 problem: format!("must be an ISO 4217 currency code, like \"usd\"; got {other}"),
             })
         }
         (None, Some(fixed)) => fixed.to_ascii_lowercase(),
         (None, None) => {
-            return Err(ArgsMistake {
+            return Err(CallMistake {
                 field: declared.currency.clone().unwrap_or_default(),
                 problem: "is missing: this tool moves money, and limits need its currency".into(),
             })
@@ -514,11 +532,11 @@ fn money_of(declared: &MoneyArgs, args: &Value) -> Result<(i64, String), ArgsMis
     Ok((amount, currency))
 }
 
-fn customer_of(field: &str, args: &Value, limit: &Limit) -> Result<String, ArgsMistake> {
+fn customer_of(field: &str, args: &Value, limit: &Limit) -> Result<String, CallMistake> {
     match args.get(field) {
         Some(Value::String(customer)) if !customer.trim().is_empty() => Ok(customer.clone()),
         Some(Value::Number(n)) => Ok(n.to_string()),
-        _ => Err(ArgsMistake {
+        _ => Err(CallMistake {
             field: field.to_owned(),
             problem: format!(
                 "is missing: the limit `{}` counts per customer and reads the customer from it",
@@ -534,18 +552,14 @@ pub fn known_currency(code: &str) -> bool {
 }
 
 /// Reads `[limits]`: each mistake names the limit and the field.
-pub(crate) fn read_limits(
+pub fn read_limits(
     section: &toml::Table,
-    tools: &BTreeMap<String, ToolSpec>,
-    mistakes: &mut Vec<RegistryMistake>,
+    tools: &BTreeMap<String, ToolShape>,
+    mistakes: &mut Vec<LimitMistake>,
 ) -> Limits {
     let mut limits = Limits::default();
     let mut say = |limit: &str, field: &'static str, problem: String| {
-        mistakes.push(RegistryMistake {
-            tool: format!("{}{limit}", super::registry::LIMIT_MISTAKE),
-            field,
-            problem,
-        })
+        mistakes.push((limit.to_owned(), field, problem))
     };
     for (kind, entries) in section {
         if !["money", "recipients", "calls"].contains(&kind.as_str()) {
@@ -594,7 +608,7 @@ fn read_limit(
     kind: &str,
     label: &str,
     table: &toml::Table,
-    tools: &BTreeMap<String, ToolSpec>,
+    tools: &BTreeMap<String, ToolShape>,
     say: &mut impl FnMut(&str, &'static str, String),
 ) -> Option<Limit> {
     let fields: &[&str] = match kind {
@@ -726,7 +740,7 @@ fn read_limit(
                         );
                         fine = false;
                     }
-                    Some(spec) if spec.class == super::class::ToolClass::Pure => {
+                    Some(spec) if spec.pure => {
                         say(
                             label,
                             "tools",
@@ -746,10 +760,7 @@ fn read_limit(
             .collect(),
         (None, "recipients") => tools
             .values()
-            .filter(|spec| {
-                spec.class != super::class::ToolClass::Pure
-                    && RECIPIENT_FIELDS.iter().any(|f| has_argument(spec, f))
-            })
+            .filter(|spec| !spec.pure && RECIPIENT_FIELDS.iter().any(|f| has_argument(spec, f)))
             .map(|spec| spec.name.clone())
             .collect(),
         (None, _) => {
@@ -835,7 +846,7 @@ fn read_limit(
 
 /// Whether a tool has this argument: its schema lists it (a tool with no
 /// schema may take any).
-pub fn has_argument(spec: &ToolSpec, field: &str) -> bool {
+pub fn has_argument(spec: &ToolShape, field: &str) -> bool {
     match spec.schema.as_ref().and_then(|s| s.get("properties")) {
         Some(properties) => properties.get(field).is_some(),
         None => spec.schema.is_none(),
@@ -843,12 +854,12 @@ pub fn has_argument(spec: &ToolSpec, field: &str) -> bool {
 }
 
 /// A tool's `money` declaration checked against its schema.
-pub(crate) fn money_mistakes(spec: &ToolSpec) -> Vec<(&'static str, String)> {
+pub fn money_mistakes(spec: &ToolShape) -> Vec<(&'static str, String)> {
     let Some(money) = &spec.money else {
         return Vec::new();
     };
     let mut found = Vec::new();
-    if spec.class == super::class::ToolClass::Pure {
+    if spec.pure {
         found.push((
             "money",
             "a pure tool moves no money; only a tool with an effect declares money".to_owned(),
@@ -902,176 +913,6 @@ pub(crate) fn money_mistakes(spec: &ToolSpec) -> Vec<(&'static str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::{Registry, RegistryError};
-
-    const TOOLS: &str = r#"
-        [[tool]]
-        name = "refund"
-        class = "irreversible"
-        connector = "stripe.refund"
-        money = { amount = "amount", currency_is = "usd" }
-        correction = { template = "A refund was issued in error.", recipients = ["finance@example.com"] }
-        [tool.schema]
-        type = "object"
-        [tool.schema.properties]
-        amount = { type = "integer" }
-        customer = { type = "string" }
-
-        [[tool]]
-        name = "send_email"
-        class = "irreversible"
-        connector = "smtp.send"
-        correction = { template = "Please disregard.", recipients = ["{args.to}"] }
-        [tool.schema]
-        type = "object"
-        [tool.schema.properties]
-        to = { type = "array" }
-        subject = { type = "string" }
-    "#;
-
-    fn mistakes(limits: &str) -> Vec<String> {
-        match Registry::from_toml(&format!("{TOOLS}\n{limits}")) {
-            Ok(_) => Vec::new(),
-            Err(RegistryError::Mistakes(found)) => found.iter().map(|m| m.to_string()).collect(),
-            Err(other) => vec![other.to_string()],
-        }
-    }
-
-    #[test]
-    fn limits_for_refunds_per_customer_and_bulk_email_are_read() {
-        let registry = Registry::from_toml(&format!(
-            "{TOOLS}\n{}",
-            r#"
-            [[limits.money]]
-            name = "refunds"
-            per = "customer/day"
-            customer = "customer"
-            max = 50000
-            currency = "USD"
-
-            [[limits.recipients]]
-            per = "call"
-            max = 50
-            "#
-        ))
-        .unwrap();
-        let limits = registry.limits();
-        assert_eq!(limits.list.len(), 2);
-        let refunds = limits.named("refunds").unwrap();
-        assert_eq!(refunds.tools, ["refund"], "every money tool by default");
-        assert_eq!(refunds.per.window_s(), Some(86_400));
-        let bulk = limits.named("recipients per call").unwrap();
-        assert_eq!(bulk.tools, ["send_email"], "every tool with recipients");
-        let spec = registry.get("refund").unwrap();
-        let run = Uuid::nil();
-        let charges = limits
-            .charges(
-                spec,
-                &serde_json::json!({"amount": 4900, "customer": "cus_ada"}),
-                run,
-                "bot",
-            )
-            .unwrap();
-        assert_eq!(charges.step.charges.len(), 1);
-        assert_eq!(charges.step.charges[0].scope, "refunds|customer:cus_ada");
-        assert_eq!(charges.step.charges[0].amount, 4900);
-        let over = limits.over(&charges.step.charges[0], 46_000, "bot");
-        assert_eq!(
-            over.words,
-            "this would take customer cus_ada's refunds in the last 24 hours to $509.00 of $500.00"
-        );
-        let missing = limits
-            .charges(spec, &serde_json::json!({"amount": 4900}), run, "bot")
-            .unwrap_err();
-        assert_eq!(missing.field, "customer");
-        let fraction = limits
-            .charges(
-                spec,
-                &serde_json::json!({"amount": 49.5, "customer": "c"}),
-                run,
-                "bot",
-            )
-            .unwrap_err();
-        assert_eq!(fraction.field, "amount");
-    }
-
-    #[test]
-    fn each_mistake_in_a_limit_names_the_limit_and_the_field() {
-        let found = mistakes(
-            r#"
-            [[limits.money]]
-            name = "refunds"
-            per = "customer/day"
-            customer = "client"
-            max = 0
-            currency = "dollars"
-
-            [[limits.money]]
-            name = "weekly"
-            per = "agent/week"
-            max = -5
-            currency = "usd"
-            tools = ["send_email", "nope"]
-
-            [[limits.calls]]
-            name = "sends"
-            per = "run"
-            max = 3
-
-            [[limits.speed]]
-            max = 1
-            "#,
-        );
-        let expect = [
-            "limit `refunds`, field `max`",
-            "limit `refunds`, field `currency`: `dollars` is not an ISO 4217",
-            "limit `refunds`, field `customer`: names argument `client`, which tool `refund` does not have",
-            "limit `weekly`, field `per`: `agent/week` is not a window",
-            "limit `weekly`, field `max`: must be a whole number of minor units above zero",
-            "limit `weekly`, field `tools`: names tool `send_email`, which declares no money argument",
-            "limit `weekly`, field `tools`: names tool `nope`, which is not declared",
-            "limit `sends`, field `tools`: missing",
-            "limit `speed`, field `(section)`: `speed` is not a kind of limit",
-        ];
-        for wanted in expect {
-            assert!(
-                found.iter().any(|m| m.contains(wanted)),
-                "missing {wanted:?} in {found:#?}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_money_declaration_must_name_an_integer_argument_and_a_currency() {
-        let text = TOOLS
-            .replacen(
-                "money = { amount = \"amount\", currency_is = \"usd\" }",
-                "money = { amount = \"total\", currency_is = \"xyz\" }",
-                1,
-            )
-            .replacen(
-                "connector = \"smtp.send\"",
-                "connector = \"smtp.send\"\nmoney = { amount = \"subject\" }",
-                1,
-            );
-        let found = match Registry::from_toml(&text) {
-            Err(RegistryError::Mistakes(found)) => {
-                found.iter().map(|m| m.to_string()).collect::<Vec<_>>()
-            }
-            other => panic!("{other:?}"),
-        };
-        for wanted in [
-            "tool `refund`, field `money.amount`: names argument `total`, which the tool does not have",
-            "tool `refund`, field `money.currency_is`: `xyz` is not an ISO 4217",
-            "tool `send_email`, field `money.amount`: argument `subject` is \"string\" in the schema",
-            "tool `send_email`, field `money`: names neither a currency argument",
-        ] {
-            assert!(
-                found.iter().any(|m| m.contains(wanted)),
-                "missing {wanted:?} in {found:#?}"
-            );
-        }
-    }
 
     #[test]
     fn recipients_are_counted_once_each_across_fields() {

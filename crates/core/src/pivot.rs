@@ -238,7 +238,7 @@ impl Engine {
                     let limits = self
                         .registry()
                         .limits()
-                        .charges(spec, &call.args, run_id, &run.agent)
+                        .charges(tool, spec.money.as_ref(), &call.args, run_id, &run.agent)
                         .map(|charges| charges.step.counted_only())
                         .unwrap_or_default();
                     crate::failpoint::hit("dispatch.before_intent");

@@ -188,6 +188,16 @@ impl std::fmt::Display for ToolHints {
 }
 
 impl ToolSpec {
+    /// What the limits need to know of this tool.
+    pub fn shape(&self) -> super::limits::ToolShape {
+        super::limits::ToolShape {
+            name: self.name.clone(),
+            pure: self.class == ToolClass::Pure,
+            money: self.money.clone(),
+            schema: self.schema.clone(),
+        }
+    }
+
     /// An upstream tool the tools file does not declare. Nothing says how
     /// to take its effect back, and its own annotations are only claims,
     /// so it is irreversible whatever it says: each call waits for a
@@ -539,7 +549,7 @@ impl fmt::Display for ArgsMistake {
 }
 
 /// How a mistake in `[limits]` names its limit in `RegistryMistake::tool`.
-pub(crate) const LIMIT_MISTAKE: &str = "[limits] ";
+const LIMIT_MISTAKE: &str = "[limits] ";
 
 /// One mistake in the tools file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -828,7 +838,19 @@ impl Registry {
             }
         }
         let approval_policy = approval_policy(&file.approvals, &tools, &mut mistakes);
-        let limits = super::limits::read_limits(&file.limits, &tools, &mut mistakes);
+        let shapes = tools
+            .iter()
+            .map(|(name, spec)| (name.clone(), spec.shape()))
+            .collect();
+        let mut limit_mistakes = Vec::new();
+        let limits = super::limits::read_limits(&file.limits, &shapes, &mut limit_mistakes);
+        mistakes.extend(limit_mistakes.into_iter().map(|(limit, field, problem)| {
+            RegistryMistake {
+                tool: format!("{LIMIT_MISTAKE}{limit}"),
+                field,
+                problem,
+            }
+        }));
         if mistakes.is_empty() {
             Ok(Registry {
                 tools,
@@ -982,7 +1004,7 @@ fn spec_mistakes(spec: &ToolSpec) -> Vec<RegistryMistake> {
         shape_mistakes(spec),
         correction_mistakes(spec),
         template_mistakes(spec),
-        super::limits::money_mistakes(spec),
+        super::limits::money_mistakes(&spec.shape()),
     ]
     .into_iter()
     .flatten()
@@ -1707,5 +1729,188 @@ mod tests {
         assert_eq!(audience, Audience::Finance);
         let (_, to) = charge.correction_for(audience, "k", &args).unwrap();
         assert_eq!(to, vec!["finance@example.com".to_owned()]);
+    }
+}
+
+#[cfg(test)]
+mod limits_tests {
+    use super::*;
+    use uuid::Uuid;
+
+    const TOOLS: &str = r#"
+        [[tool]]
+        name = "refund"
+        class = "irreversible"
+        connector = "stripe.refund"
+        money = { amount = "amount", currency_is = "usd" }
+        correction = { template = "A refund was issued in error.", recipients = ["finance@example.com"] }
+        [tool.schema]
+        type = "object"
+        [tool.schema.properties]
+        amount = { type = "integer" }
+        customer = { type = "string" }
+
+        [[tool]]
+        name = "send_email"
+        class = "irreversible"
+        connector = "smtp.send"
+        correction = { template = "Please disregard.", recipients = ["{args.to}"] }
+        [tool.schema]
+        type = "object"
+        [tool.schema.properties]
+        to = { type = "array" }
+        subject = { type = "string" }
+    "#;
+
+    fn mistakes(limits: &str) -> Vec<String> {
+        match Registry::from_toml(&format!("{TOOLS}\n{limits}")) {
+            Ok(_) => Vec::new(),
+            Err(RegistryError::Mistakes(found)) => found.iter().map(|m| m.to_string()).collect(),
+            Err(other) => vec![other.to_string()],
+        }
+    }
+
+    #[test]
+    fn limits_for_refunds_per_customer_and_bulk_email_are_read() {
+        let registry = Registry::from_toml(&format!(
+            "{TOOLS}\n{}",
+            r#"
+            [[limits.money]]
+            name = "refunds"
+            per = "customer/day"
+            customer = "customer"
+            max = 50000
+            currency = "USD"
+
+            [[limits.recipients]]
+            per = "call"
+            max = 50
+            "#
+        ))
+        .unwrap();
+        let limits = registry.limits();
+        assert_eq!(limits.list.len(), 2);
+        let refunds = limits.named("refunds").unwrap();
+        assert_eq!(refunds.tools, ["refund"], "every money tool by default");
+        assert_eq!(refunds.per.window_s(), Some(86_400));
+        let bulk = limits.named("recipients per call").unwrap();
+        assert_eq!(bulk.tools, ["send_email"], "every tool with recipients");
+        let spec = registry.get("refund").unwrap();
+        let run = Uuid::nil();
+        let charges = limits
+            .charges(
+                &spec.name,
+                spec.money.as_ref(),
+                &serde_json::json!({"amount": 4900, "customer": "cus_ada"}),
+                run,
+                "bot",
+            )
+            .unwrap();
+        assert_eq!(charges.step.charges.len(), 1);
+        assert_eq!(charges.step.charges[0].scope, "refunds|customer:cus_ada");
+        assert_eq!(charges.step.charges[0].amount, 4900);
+        let over = limits.over(&charges.step.charges[0], 46_000, "bot");
+        assert_eq!(
+            over.words,
+            "this would take customer cus_ada's refunds in the last 24 hours to $509.00 of $500.00"
+        );
+        let missing = limits
+            .charges(
+                &spec.name,
+                spec.money.as_ref(),
+                &serde_json::json!({"amount": 4900}),
+                run,
+                "bot",
+            )
+            .unwrap_err();
+        assert_eq!(missing.field, "customer");
+        let fraction = limits
+            .charges(
+                &spec.name,
+                spec.money.as_ref(),
+                &serde_json::json!({"amount": 49.5, "customer": "c"}),
+                run,
+                "bot",
+            )
+            .unwrap_err();
+        assert_eq!(fraction.field, "amount");
+    }
+
+    #[test]
+    fn each_mistake_in_a_limit_names_the_limit_and_the_field() {
+        let found = mistakes(
+            r#"
+            [[limits.money]]
+            name = "refunds"
+            per = "customer/day"
+            customer = "client"
+            max = 0
+            currency = "dollars"
+
+            [[limits.money]]
+            name = "weekly"
+            per = "agent/week"
+            max = -5
+            currency = "usd"
+            tools = ["send_email", "nope"]
+
+            [[limits.calls]]
+            name = "sends"
+            per = "run"
+            max = 3
+
+            [[limits.speed]]
+            max = 1
+            "#,
+        );
+        let expect = [
+            "limit `refunds`, field `max`",
+            "limit `refunds`, field `currency`: `dollars` is not an ISO 4217",
+            "limit `refunds`, field `customer`: names argument `client`, which tool `refund` does not have",
+            "limit `weekly`, field `per`: `agent/week` is not a window",
+            "limit `weekly`, field `max`: must be a whole number of minor units above zero",
+            "limit `weekly`, field `tools`: names tool `send_email`, which declares no money argument",
+            "limit `weekly`, field `tools`: names tool `nope`, which is not declared",
+            "limit `sends`, field `tools`: missing",
+            "limit `speed`, field `(section)`: `speed` is not a kind of limit",
+        ];
+        for wanted in expect {
+            assert!(
+                found.iter().any(|m| m.contains(wanted)),
+                "missing {wanted:?} in {found:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_money_declaration_must_name_an_integer_argument_and_a_currency() {
+        let text = TOOLS
+            .replacen(
+                "money = { amount = \"amount\", currency_is = \"usd\" }",
+                "money = { amount = \"total\", currency_is = \"xyz\" }",
+                1,
+            )
+            .replacen(
+                "connector = \"smtp.send\"",
+                "connector = \"smtp.send\"\nmoney = { amount = \"subject\" }",
+                1,
+            );
+        let found = match Registry::from_toml(&text) {
+            Err(RegistryError::Mistakes(found)) => {
+                found.iter().map(|m| m.to_string()).collect::<Vec<_>>()
+            }
+            other => panic!("{other:?}"),
+        };
+        for wanted in [
+            "tool `refund`, field `money.amount`: names argument `total`, which the tool does not have",
+            "tool `refund`, field `money.currency_is`: `xyz` is not an ISO 4217",
+            "tool `send_email`, field `money.amount`: argument `subject` is \"string\" in the schema",
+            "tool `send_email`, field `money`: names neither a currency argument",
+        ] {
+            assert!(
+                found.iter().any(|m| m.contains(wanted)),
+                "missing {wanted:?} in {found:#?}"
+            );
+        }
     }
 }
