@@ -913,6 +913,30 @@ async fn step_rules_of_the_agent_api(s: Setup) {
         s.store.step(run.id, 1).await.unwrap().unwrap().status,
         StepStatus::Confirmed
     );
+    // Each refusal the agent caused is on its run's audit trail, under the
+    // agent's name; another agent's attempt says nothing about this run.
+    let refused: Vec<(Actor, String)> = s
+        .store
+        .events(Some(run.id), 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| {
+            let code = saga_harness::saga::refusal::refused_code(e.detail.as_deref()?)?.to_owned();
+            Some((e.actor, code))
+        })
+        .collect();
+    let agent = || Actor::Agent(AGENT.into());
+    assert_eq!(
+        refused,
+        vec![
+            (agent(), "step_required".into()),
+            (agent(), "step_out_of_order".into()),
+            (agent(), "step_mismatch".into()),
+            (agent(), "unknown_tool".into()),
+            (agent(), "step_unresolved".into()),
+        ]
+    );
     assert_eq!(s.world.effects("payments.charge").len(), 1);
 }
 

@@ -396,9 +396,26 @@ impl Engine {
             }
             Err(refusal) => {
                 span.record("outcome", refusal.code());
+                self.note_refusal(agent, run_id, refusal).await;
             }
         }
         answered
+    }
+
+    /// Writes a refusal the agent caused to its run's audit trail; a
+    /// failure to write it is logged, and the agent still gets its refusal.
+    pub(crate) async fn note_refusal(&self, agent: &str, run_id: Uuid, refusal: &Refusal) {
+        if !refusal.is_the_agents_doing() {
+            return;
+        }
+        let line = refusal.audit_line();
+        if let Err(err) = self
+            .store
+            .note(run_id, &Actor::Agent(agent.to_owned()), &line)
+            .await
+        {
+            tracing::warn!(%run_id, code = refusal.code(), error = %err, "the refusal was not written to the audit trail");
+        }
     }
 
     async fn call_in_span(

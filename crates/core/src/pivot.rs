@@ -33,8 +33,23 @@ pub const AUTHORISATION_LIFETIME: chrono::Duration = chrono::Duration::days(7);
 use super::resend::SENDS;
 
 impl Engine {
-    /// Proposes (or replaces) the run's pivot.
+    /// Proposes (or replaces) the run's pivot; a refusal the agent caused
+    /// goes to the run's audit trail.
     pub async fn propose_pivot(
+        &self,
+        agent: &str,
+        run_id: Uuid,
+        summary: &str,
+        commit: Vec<PlannedCall>,
+    ) -> Result<Approval, Refusal> {
+        let proposed = self.propose(agent, run_id, summary, commit).await;
+        if let Err(refusal) = &proposed {
+            self.note_refusal(agent, run_id, refusal).await;
+        }
+        proposed
+    }
+
+    async fn propose(
         &self,
         agent: &str,
         run_id: Uuid,

@@ -89,6 +89,26 @@ impl Refusal {
         matches!(self, Refusal::Store(err) if err.is_internal())
     }
 
+    /// A refusal of how the agent went about its run (a step skipped,
+    /// re-used or left unsettled, a tool it may not call yet), written to
+    /// the run's audit trail so a person reading the run, and `eval`'s
+    /// scorecard, see what the agent tried. Not a missing run, a bad token
+    /// or the store failing: those say nothing about the run.
+    pub fn is_the_agents_doing(&self) -> bool {
+        !matches!(
+            self,
+            Refusal::RunNotFound
+                | Refusal::TokenNotValid
+                | Refusal::Store(_)
+                | Refusal::QuestionAskedAgain { .. }
+        )
+    }
+
+    /// The audit line of a refusal the agent caused: `refused CODE: why`.
+    pub fn audit_line(&self) -> String {
+        format!("{REFUSED}{}: {self}", self.code())
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             Refusal::RunNotFound => "run_not_found",
@@ -113,6 +133,17 @@ impl Refusal {
             Refusal::Store(_) => "internal",
         }
     }
+}
+
+/// How the audit line of a refused agent call begins.
+pub const REFUSED: &str = "refused ";
+
+/// The code of a refusal's audit line ([`Refusal::audit_line`]), or `None`
+/// for any other line.
+pub fn refused_code(detail: &str) -> Option<&str> {
+    let rest = detail.strip_prefix(REFUSED)?;
+    let (code, _) = rest.split_once(':')?;
+    (!code.is_empty() && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')).then_some(code)
 }
 
 pub(crate) fn unresolved_message(step: i64, waiting_for_person: bool) -> String {
