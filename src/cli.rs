@@ -176,6 +176,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         #[cfg(feature = "simulators")]
         Command::Demo(args) => crate::demo::run(args).await,
+        #[cfg(feature = "simulators")]
+        Command::Eval(args) => crate::eval::run(args).await,
         #[cfg(feature = "bench")]
         Command::Bench(args) => crate::bench::run(args).await,
         #[cfg(feature = "simulators")]

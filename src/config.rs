@@ -62,6 +62,11 @@ pub enum Command {
     /// scripted agent that leaves runs to look at in the dashboard.
     #[cfg(feature = "simulators")]
     Demo(DemoArgs),
+    /// Run your own agent against the simulators under the incident's
+    /// faults, one scenario at a time, and score it from the systems'
+    /// ledgers and the saga log. Exits non-zero when a scenario fails.
+    #[cfg(feature = "simulators")]
+    Eval(EvalArgs),
     /// Check a tools file and a database the way a new user needs: the
     /// file's validation, each connector's credentials, each system
     /// reachable and its lookup answering (read-only), the database's
@@ -73,6 +78,36 @@ pub enum Command {
     /// print a table and write JSON.
     #[cfg(feature = "bench")]
     Bench(BenchArgs),
+}
+
+#[cfg(feature = "simulators")]
+#[derive(Debug, Args, Clone)]
+pub struct EvalArgs {
+    /// The command that runs the agent, through the shell (`python3
+    /// my_agent.py`). It gets SAGA_API_URL, SAGA_TOKEN, SAGA_MCP_URL,
+    /// SAGA_RUN_LABEL, SAGA_TASK and SAGA_SCENARIO.
+    #[arg(long)]
+    pub agent: String,
+    /// A scenario file (TOML); default: the built-in incident set
+    /// (tools/eval.toml).
+    #[arg(long, value_name = "FILE")]
+    pub scenarios: Option<PathBuf>,
+    /// Only these scenarios, by name, comma-separated.
+    #[arg(long, value_name = "NAME,…")]
+    pub only: Option<String>,
+    /// Write JUnit XML here: one testcase per scenario.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    /// Write every scorecard as JSON here.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// The agent's time limit per scenario, instead of the file's.
+    #[arg(long, value_name = "N")]
+    pub timeout_s: Option<u64>,
+    /// Keep each scenario's files here (the agent's output, the harness's
+    /// log, the saga log, the ledgers); default: removed afterwards.
+    #[arg(long, value_name = "DIR")]
+    pub keep: Option<PathBuf>,
 }
 
 #[cfg(feature = "bench")]

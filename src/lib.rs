@@ -30,6 +30,8 @@ pub mod config;
 pub mod connectors;
 #[cfg(feature = "simulators")]
 pub mod demo;
+#[cfg(feature = "simulators")]
+pub mod eval;
 #[cfg(feature = "ssr")]
 pub use saga_core::failpoint;
 #[cfg(feature = "ssr")]

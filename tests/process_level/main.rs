@@ -12,6 +12,7 @@ mod bad_input;
 mod bench;
 mod crash_kill;
 mod demo;
+mod eval;
 mod load;
 mod mcp;
 mod operations;

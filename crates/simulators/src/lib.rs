@@ -118,6 +118,14 @@ pub struct FaultRule {
     pub fault: Fault,
     #[serde(default = "one")]
     pub times: u32,
+    /// Lets this many matching requests through untouched first: the
+    /// fault falls on the next one (the third charge, not the first).
+    #[serde(default)]
+    pub skip: u32,
+    /// The path matches only itself (and `*` one segment), not the paths
+    /// under it: `/rest/api/3/issue` without its transitions.
+    #[serde(default)]
+    pub exact: bool,
 }
 
 fn one() -> u32 {
@@ -131,6 +139,8 @@ impl FaultRule {
             path: path.to_owned(),
             fault,
             times: 1,
+            skip: 0,
+            exact: false,
         }
     }
 
@@ -147,7 +157,12 @@ impl FaultRule {
         }
         let pattern: Vec<&str> = self.path.trim_end_matches('/').split('/').collect();
         let actual: Vec<&str> = path.split('/').collect();
-        actual.len() >= pattern.len()
+        let long_enough = if self.exact {
+            actual.len() == pattern.len()
+        } else {
+            actual.len() >= pattern.len()
+        };
+        long_enough
             && pattern
                 .iter()
                 .zip(&actual)
@@ -210,6 +225,10 @@ impl Faults {
             .iter()
             .position(|rule| rule.times > 0 && rule.matches(method, path))?;
         let rule = &mut state.rules[position];
+        if rule.skip > 0 {
+            rule.skip -= 1;
+            return None;
+        }
         rule.times -= 1;
         let fault = rule.fault.clone();
         if rule.times == 0 {
@@ -411,6 +430,30 @@ mod tests {
         assert!(faults.take(&Method::GET, "/x").is_some());
         assert!(faults.take(&Method::GET, "/x").is_some());
         assert!(faults.take(&Method::GET, "/x").is_none());
+    }
+
+    #[test]
+    fn a_rule_that_skips_falls_on_a_later_request_and_an_exact_one_not_below_its_path() {
+        let faults = Faults::default();
+        let mut rule = FaultRule::new("POST", "/rest/api/3/issue", Fault::CommitThen504);
+        rule.skip = 1;
+        rule.exact = true;
+        faults.inject(rule);
+        assert!(faults
+            .take(&Method::POST, "/rest/api/3/issue/P-1/transitions")
+            .is_none());
+        assert!(
+            faults.take(&Method::POST, "/rest/api/3/issue").is_none(),
+            "the first passes"
+        );
+        assert_eq!(
+            faults.take(&Method::POST, "/rest/api/3/issue"),
+            Some(Fault::CommitThen504)
+        );
+        assert!(
+            faults.take(&Method::POST, "/rest/api/3/issue").is_none(),
+            "used up"
+        );
     }
 }
 
