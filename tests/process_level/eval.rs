@@ -62,7 +62,7 @@ async fn the_scripted_agent_passes_every_built_in_scenario_by_the_ledgers() {
         started.elapsed().as_secs_f64()
     );
     let cards = cards(&json);
-    assert_eq!(cards.len(), 9);
+    assert_eq!(cards.len(), 10);
     for card in &cards {
         assert_eq!(card["passed"], true, "{card}");
         // A scenario's time is printed as it runs.
@@ -100,13 +100,21 @@ async fn the_scripted_agent_passes_every_built_in_scenario_by_the_ledgers() {
     assert_eq!(held(rejected, "stripe.payment_intent.captured"), 0);
     assert_eq!(held(rejected, "smtp.email.received"), 0, "nothing sent");
     assert_eq!(rejected["lead"][0], "rejected the pivot");
+    let away = card(&cards, "lead-away");
+    assert_eq!(away["lead"][0], "left the pivot to expire");
+    assert_eq!(
+        held(away, "stripe.payment_intent.canceled"),
+        1,
+        "the hold cancelled"
+    );
+    assert_eq!(held(away, "smtp.email.received"), 0, "nothing sent");
     assert_eq!(card(&cards, "restart-during-hold")["restarts"], 1);
     let edited = card(&cards, "lead-edits");
     assert_eq!(edited["lead"][0], "edited commit step 5 (send_email)");
     let junit = std::fs::read_to_string(&junit).unwrap();
-    assert!(junit.contains("tests=\"9\" failures=\"0\""), "{junit}");
-    assert_eq!(junit.matches("<testcase ").count(), 9);
-    assert!(stdout.contains("9 of 9 scenarios passed"), "{stdout}");
+    assert!(junit.contains("tests=\"10\" failures=\"0\""), "{junit}");
+    assert_eq!(junit.matches("<testcase ").count(), 10);
+    assert!(stdout.contains("10 of 10 scenarios passed"), "{stdout}");
 }
 
 #[tokio::test]
