@@ -183,18 +183,7 @@ async fn play(scenario: &Scenario, agent: &str, dir: &Path) -> anyhow::Result<Ca
         .map_err(|e| anyhow!("the harness keeper failed: {e}"))??;
 
     let log = read_log(&database_url).await?;
-    let mut effects = Vec::new();
-    for sim in [
-        &sims.stripe,
-        &sims.jira,
-        &sims.zendesk,
-        &sims.slack,
-        &sims.orders,
-        &sims.warehouse,
-    ] {
-        effects.extend(sim.ledger().effects());
-    }
-    effects.extend(sims.smtp.ledger().effects());
+    let effects = sims.effects();
     std::fs::write(
         dir.join("ledger.json"),
         serde_json::to_string_pretty(&effects)?,

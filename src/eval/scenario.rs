@@ -606,38 +606,34 @@ mod tests {
 
     #[test]
     fn an_unknown_fault_operation_system_or_criterion_is_refused_by_name() {
-        let fault = one_mistake(&format!(
-            "{HEAD}[[scenarios]]\nname = \"a\"\nfaults = [{{ operation = \"jira.create_issue\", fault = \"explode\" }}]\n"
-        ));
-        assert!(
-            fault.contains("scenario \"a\", faults[0]: fault \"explode\" is unknown"),
-            "{fault}"
-        );
-        let operation = one_mistake(&format!(
-            "{HEAD}[[scenarios]]\nname = \"b\"\nfaults = [{{ operation = \"jira.teleport\", fault = \"commit_then_504\" }}]\n"
-        ));
-        assert!(
-            operation.contains("operation \"jira.teleport\" is not one"),
-            "{operation}"
-        );
-        let system = one_mistake(&format!(
-            "{HEAD}[[scenarios]]\nname = \"c\"\nexpect = {{ \"paypal.payment.created\" = 1 }}\n"
-        ));
-        assert!(
-            system.contains("expect.paypal.payment.created: no system \"paypal\""),
-            "{system}"
-        );
-        let criterion = one_mistake(&format!(
-            "{HEAD}[[scenarios]]\nname = \"d\"\nthresholds = {{ happiness = 1 }}\n"
-        ));
-        assert!(
-            criterion.contains("thresholds.happiness: no such criterion"),
-            "{criterion}"
-        );
-        let code = one_mistake(&format!(
-            "{HEAD}[[scenarios]]\nname = \"e\"\nthresholds = {{ \"refused.step_maybe\" = 0 }}\n"
-        ));
-        assert!(code.contains("thresholds.refused.step_maybe"), "{code}");
+        for (scenario, said) in [
+            (
+                "faults = [{ operation = \"jira.create_issue\", fault = \"explode\" }]",
+                "faults[0]: fault \"explode\" is unknown",
+            ),
+            (
+                "faults = [{ operation = \"jira.teleport\", fault = \"commit_then_504\" }]",
+                "faults[0]: operation \"jira.teleport\" is not one",
+            ),
+            (
+                "expect = { \"paypal.payment.created\" = 1 }",
+                "expect.paypal.payment.created: no system \"paypal\"",
+            ),
+            (
+                "thresholds = { happiness = 1 }",
+                "thresholds.happiness: no such criterion",
+            ),
+            (
+                "thresholds = { \"refused.step_maybe\" = 0 }",
+                "thresholds.refused.step_maybe: no such criterion",
+            ),
+        ] {
+            let mistake = one_mistake(&format!("{HEAD}[[scenarios]]\nname = \"a\"\n{scenario}\n"));
+            assert!(
+                mistake.contains(&format!("scenario \"a\", {said}")),
+                "{mistake}"
+            );
+        }
     }
 
     #[test]

@@ -305,23 +305,6 @@ fn expect(tool: &str) -> Expect {
     Expect { action, undo }
 }
 
-/// Every effect every simulator recorded.
-fn ledger(sims: &Simulators) -> Vec<saga_harness::sim::Effect> {
-    let mut all = Vec::new();
-    for sim in [
-        &sims.stripe,
-        &sims.jira,
-        &sims.zendesk,
-        &sims.slack,
-        &sims.orders,
-        &sims.warehouse,
-    ] {
-        all.extend(sim.ledger().effects());
-    }
-    all.extend(sims.smtp.ledger().effects());
-    all
-}
-
 /// Compares the saga log with the ledgers. Each step's effect must exist
 /// exactly once if the log says it happened (CONFIRMED or COMPENSATED) and
 /// not at all otherwise; its way back exactly once if COMPENSATED and not
@@ -333,7 +316,7 @@ fn check_ledgers(
     compensations: &[Compensation],
     corrections: &[String],
 ) -> Tally {
-    let effects = ledger(sims);
+    let effects = sims.effects();
     let mut tally = Tally::default();
     let count = |action: &str, key: &str| {
         effects

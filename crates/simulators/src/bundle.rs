@@ -106,6 +106,23 @@ impl Simulators {
         })
     }
 
+    /// Every effect every simulator recorded, system by system.
+    pub fn effects(&self) -> Vec<super::Effect> {
+        let mut all = Vec::new();
+        for sim in [
+            &self.stripe,
+            &self.jira,
+            &self.zendesk,
+            &self.slack,
+            &self.orders,
+            &self.warehouse,
+        ] {
+            all.extend(sim.ledger().effects());
+        }
+        all.extend(self.smtp.ledger().effects());
+        all
+    }
+
     /// What runs where, for people to read.
     pub fn addresses(&self) -> Vec<(&'static str, String)> {
         vec![
