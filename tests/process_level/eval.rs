@@ -40,15 +40,16 @@ fn held(card: &Value, what: &str) -> u64 {
         .unwrap_or_else(|| panic!("{what} in {card}"))
 }
 
-#[tokio::test]
-async fn the_scripted_agent_passes_every_built_in_scenario_by_the_ledgers() {
+/// Runs the built-in set with `agent` and checks every scorecard against
+/// what the ledgers must hold.
+async fn passes_the_built_in_set(agent: &str) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("eval.json");
     let junit = dir.path().join("eval.xml");
     let started = Instant::now();
     let out = eval(&[
         "--agent",
-        "python3 examples/agents/scripted.py",
+        agent,
         "--json",
         json.to_str().unwrap(),
         "--junit",
@@ -58,7 +59,7 @@ async fn the_scripted_agent_passes_every_built_in_scenario_by_the_ledgers() {
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
     eprintln!(
-        "the built-in set took {:.1} s",
+        "{agent}: the built-in set took {:.1} s",
         started.elapsed().as_secs_f64()
     );
     let cards = cards(&json);
@@ -66,10 +67,8 @@ async fn the_scripted_agent_passes_every_built_in_scenario_by_the_ledgers() {
     for card in &cards {
         assert_eq!(card["passed"], true, "{card}");
         // A scenario's time is printed as it runs.
-        assert!(
-            stderr.contains(&format!("{} … pass in", card["scenario"].as_str().unwrap())),
-            "{stderr}"
-        );
+        let name = card["scenario"].as_str().unwrap();
+        assert!(stderr.contains(&format!("{name} … pass in")), "{stderr}");
     }
     // What really happened, system by system.
     for name in [
@@ -111,10 +110,22 @@ async fn the_scripted_agent_passes_every_built_in_scenario_by_the_ledgers() {
     assert_eq!(card(&cards, "restart-during-hold")["restarts"], 1);
     let edited = card(&cards, "lead-edits");
     assert_eq!(edited["lead"][0], "edited commit step 5 (send_email)");
-    let junit = std::fs::read_to_string(&junit).unwrap();
-    assert!(junit.contains("tests=\"10\" failures=\"0\""), "{junit}");
-    assert_eq!(junit.matches("<testcase ").count(), 10);
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("tests=\"10\" failures=\"0\""), "{xml}");
+    assert_eq!(xml.matches("<testcase ").count(), 10);
     assert!(stdout.contains("10 of 10 scenarios passed"), "{stdout}");
+}
+
+#[tokio::test]
+async fn the_scripted_agent_passes_every_built_in_scenario_by_the_ledgers() {
+    passes_the_built_in_set("python3 examples/agents/scripted.py").await;
+}
+
+/// The OpenAI Agents SDK's own Runner and MCP client, with a scripted
+/// model: it names no steps, and reconnects when a restart drops it.
+#[tokio::test]
+async fn an_openai_agents_sdk_agent_over_mcp_passes_every_built_in_scenario() {
+    passes_the_built_in_set("python3 examples/agents/openai_agents_mcp.py").await;
 }
 
 #[tokio::test]
