@@ -48,14 +48,21 @@ def parse(output):
     words of a refusal or an error (content parts, which the Runner passes
     on as a list)."""
     if isinstance(output, list):
-        return {"text": " ".join(str(part.get("text", "")) for part in output if isinstance(part, dict))}
-    if isinstance(output, dict):
-        return {"text": str(output.get("text", ""))}
-    try:
-        value = json.loads(output)
-        return value if isinstance(value, dict) else {"text": str(output)}
-    except (TypeError, ValueError):
-        return {"text": str(output)}
+        text = " ".join(str(part.get("text", "")) for part in output if isinstance(part, dict))
+    elif isinstance(output, dict):
+        text = str(output.get("text", ""))
+    else:
+        try:
+            value = json.loads(output)
+            if isinstance(value, dict):
+                return value
+        except (TypeError, ValueError):
+            pass
+        text = str(output)
+    # A final "no" comes as an error whose words begin with the outcome
+    # ("failed: Your card was declined").
+    word = text.split(":", 1)[0].strip()
+    return {"text": text, "outcome": word} if word in FINAL else {"text": text}
 
 
 def plan(hold_key):

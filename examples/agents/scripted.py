@@ -111,15 +111,16 @@ def main():
         "customer": "cus_ada", "amount": 900, "currency": "usd",
         "description": "Express shipping for the replacement kettle",
     })
+    for answer in (ticket, hold):
+        if answer["outcome"] != "confirmed":
+            # Nothing to approve: take back what was started.
+            log(f"{answer.get('error') or answer['outcome']}: unwinding")
+            until_answered("POST", f"/runs/{run}/unwind", {"reason": "could not stage the replacement"})
+            return
     act(run, "create_email_draft", {
         "to": "ada@example.com", "subject": "Your replacement kettle",
         "body": "A new kettle is on its way.",
     })
-    for answer in (ticket, hold):
-        if answer["outcome"] != "confirmed":
-            # Nothing to approve: take back what was started.
-            until_answered("POST", f"/runs/{run}/unwind", {"reason": "could not stage the replacement"})
-            return
     status, pivot = until_answered("POST", f"/runs/{run}/pivot", {
         "summary": "Reship Ada's kettle, capture the $9.00 express shipping and tell her",
         "commit": [

@@ -63,7 +63,7 @@ async fn passes_the_built_in_set(agent: &str) {
         started.elapsed().as_secs_f64()
     );
     let cards = cards(&json);
-    assert_eq!(cards.len(), 10);
+    assert_eq!(cards.len(), 12);
     for card in &cards {
         assert_eq!(card["passed"], true, "{card}");
         // A scenario's time is printed as it runs.
@@ -77,6 +77,7 @@ async fn passes_the_built_in_set(agent: &str) {
         "hold-blank-200",
         "restart-during-hold",
         "capture-504",
+        "slow-warehouse",
     ] {
         let card = card(&cards, name);
         assert_eq!(held(card, "jira.issue.created"), 1, "{name}");
@@ -107,13 +108,25 @@ async fn passes_the_built_in_set(agent: &str) {
         "the hold cancelled"
     );
     assert_eq!(held(away, "smtp.email.received"), 0, "nothing sent");
+    let declined = card(&cards, "card-declined");
+    assert_eq!(
+        held(declined, "jira.issue.transitioned"),
+        1,
+        "the ticket closed"
+    );
+    assert_eq!(
+        held(declined, "stripe.payment_intent.created"),
+        0,
+        "no second try"
+    );
+    assert_eq!(held(declined, "smtp.email.received"), 0);
     assert_eq!(card(&cards, "restart-during-hold")["restarts"], 1);
     let edited = card(&cards, "lead-edits");
     assert_eq!(edited["lead"][0], "edited commit step 5 (send_email)");
     let xml = std::fs::read_to_string(&junit).unwrap();
-    assert!(xml.contains("tests=\"10\" failures=\"0\""), "{xml}");
-    assert_eq!(xml.matches("<testcase ").count(), 10);
-    assert!(stdout.contains("10 of 10 scenarios passed"), "{stdout}");
+    assert!(xml.contains("tests=\"12\" failures=\"0\""), "{xml}");
+    assert_eq!(xml.matches("<testcase ").count(), 12);
+    assert!(stdout.contains("12 of 12 scenarios passed"), "{stdout}");
 }
 
 #[tokio::test]
