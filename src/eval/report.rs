@@ -7,9 +7,9 @@ use std::fmt::Write as _;
 /// The columns of the terminal table, each a criterion's figure.
 const COLUMNS: &[(&str, &str)] = &[
     ("doubled_effects", "doubled"),
-    ("irreversible_before_pivot", "irrev<pivot"),
-    ("compensations_of_nothing", "comp∅"),
-    ("corrections_to_strangers", "corr✗"),
+    ("irreversible_before_pivot", "early-irrev"),
+    ("compensations_of_nothing", "undo-none"),
+    ("corrections_to_strangers", "corr-wrong"),
     ("unsettled_unknowns", "unsettled"),
 ];
 
