@@ -178,6 +178,31 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Demo(args) => crate::demo::run(args).await,
         #[cfg(feature = "simulators")]
         Command::Eval(args) => crate::eval::run(args).await,
+        Command::Prune(args) => {
+            let opened = open(&args.database).await?;
+            let store = opened.saga_store();
+            let pass = crate::ops::retention::prune(
+                &*store,
+                chrono::Utc::now(),
+                args.older_than,
+                args.archive.as_deref(),
+                args.dry_run,
+                |so_far| {
+                    eprintln!(
+                        "… {} runs looked at, {} {}",
+                        so_far.looked_at,
+                        so_far.pruned,
+                        if args.dry_run { "to prune" } else { "pruned" }
+                    )
+                },
+            )
+            .await?;
+            eprintln!("{}", pass.summary(args.dry_run));
+            if let (Some(archive), false) = (&args.archive, args.dry_run) {
+                eprintln!("archived to {}", archive.display());
+            }
+            Ok(())
+        }
         #[cfg(feature = "bench")]
         Command::Bench(args) => crate::bench::run(args).await,
         #[cfg(feature = "simulators")]

@@ -67,6 +67,11 @@ pub enum Command {
     /// ledgers and the saga log. Exits non-zero when a scenario fails.
     #[cfg(feature = "simulators")]
     Eval(EvalArgs),
+    /// Take settled runs out of the saga log: those last changed longer
+    /// ago than --older-than that nothing can still move (no unsettled
+    /// step, waiting approval, pending correction or open authorisation),
+    /// each first written to --archive as one JSON line when given.
+    Prune(PruneArgs),
     /// Check a tools file and a database the way a new user needs: the
     /// file's validation, each connector's credentials, each system
     /// reachable and its lookup answering (read-only), the database's
@@ -78,6 +83,31 @@ pub enum Command {
     /// print a table and write JSON.
     #[cfg(feature = "bench")]
     Bench(BenchArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct PruneArgs {
+    /// How long a run stays after its last change ("90d", "12w").
+    #[arg(long, value_name = "DURATION", value_parser = parse_age)]
+    pub older_than: std::time::Duration,
+    /// Append each pruned run here first, one JSON line per run (flushed
+    /// to disk before its rows go).
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub archive: Option<PathBuf>,
+    /// Say what would be pruned and why the rest stays; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+/// A duration as people write one ("90d", "12w", "36h").
+pub fn parse_age(text: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(age) if age.is_zero() => Err("must be longer than zero".into()),
+        Ok(age) => Ok(age),
+        Err(e) => Err(format!("`{text}` is not a duration like \"90d\": {e}")),
+    }
 }
 
 #[cfg(feature = "simulators")]

@@ -257,6 +257,12 @@ impl Application {
                 }
             }
         });
+        let pruner = self
+            .state
+            .registry
+            .retention()
+            .cloned()
+            .map(|policy| tokio::spawn(prune_daily(self.state.clone(), policy)));
         let metrics_server = self.metrics_listener.map(|listener| {
             let router = crate::ops::health::metrics_router(self.state.clone());
             tokio::spawn(async move {
@@ -297,6 +303,7 @@ impl Application {
             Some(recorder),
             Some(streams),
             notifier,
+            pruner,
             metrics_server,
         ];
         for task in background.into_iter().flatten() {
@@ -314,6 +321,46 @@ impl Application {
 
 /// A reading of every figure a minute, from the start, for the operators'
 /// page's last hour.
+/// `[retention]`: a pass a minute after start (once resume is done), then
+/// one a day; each appends to that day's archive file when a directory is
+/// set.
+async fn prune_daily(state: AppState, policy: crate::saga::registry::RetentionPolicy) {
+    tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(24 * 60 * 60));
+    loop {
+        every.tick().await;
+        let archive = match &policy.archive_dir {
+            Some(dir) => {
+                if let Err(err) = std::fs::create_dir_all(dir) {
+                    tracing::error!(%err, dir = %dir.display(), "the retention pass cannot create its archive directory; nothing pruned");
+                    continue;
+                }
+                Some(dir.join(format!(
+                    "saga-archive-{}.jsonl",
+                    chrono::Utc::now().format("%Y-%m-%d")
+                )))
+            }
+            None => None,
+        };
+        let done = crate::ops::retention::prune(
+            &*state.store,
+            chrono::Utc::now(),
+            policy.older_than,
+            archive.as_deref(),
+            false,
+            |_| {},
+        )
+        .await;
+        match done {
+            Ok(pass) => {
+                state.metrics.pruned(&pass);
+                tracing::info!(summary = %pass.summary(false), "retention pass");
+            }
+            Err(err) => tracing::error!(error = %format!("{err:#}"), "the retention pass stopped"),
+        }
+    }
+}
+
 /// What a background task logs: an unreachable database once when the
 /// outage begins and once when it ends (not once a tick), anything else
 /// each time it happens.

@@ -40,6 +40,8 @@ pub struct Metrics {
     db_connections: IntGaugeVec,
     db_connections_max: IntGauge,
     limit_used: GaugeVec,
+    pruned_rows: IntCounterVec,
+    prune_last_pass: IntGaugeVec,
     /// Each limit of the tools file: its name, window and maximum.
     limits: Vec<(String, Option<i64>, i64)>,
     history: History,
@@ -168,8 +170,20 @@ impl Metrics {
         registry
             .register(Box::new(limit_used.clone()))
             .expect("each metric registered once");
+        let pruned_rows = counter(
+            "saga_pruned_rows_total",
+            "Rows the retention pass took out of the saga log, by table.",
+            &["table"],
+        );
+        let prune_last_pass = gauge(
+            "saga_prune_last_pass",
+            "The last retention pass: when it ended (what=\"timestamp_seconds\") and the runs it pruned (what=\"runs\").",
+            &["what"],
+        );
         Metrics {
             registry,
+            pruned_rows,
+            prune_last_pass,
             steps,
             unknowns,
             unknowns_settled,
@@ -240,6 +254,19 @@ impl Metrics {
                 .with_label_values(&[kind_label(kind)]);
         }
         self
+    }
+
+    /// A retention pass ended.
+    pub fn pruned(&self, pass: &crate::ops::retention::Pass) {
+        for (table, rows) in &pass.removed {
+            self.pruned_rows.with_label_values(&[table]).inc_by(*rows);
+        }
+        self.prune_last_pass
+            .with_label_values(&["timestamp_seconds"])
+            .set(chrono::Utc::now().timestamp());
+        self.prune_last_pass
+            .with_label_values(&["runs"])
+            .set(pass.pruned as i64);
     }
 
     /// Every figure, the ones read from the database brought up to date

@@ -88,6 +88,21 @@ impl SagaStore for CrashingStore {
     async fn run(&self, id: Uuid) -> StoreResult<Option<Run>> {
         self.inner.run(id).await
     }
+    async fn runs_changed_before(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+        after: Option<(chrono::DateTime<chrono::Utc>, Uuid)>,
+        limit: i64,
+    ) -> StoreResult<Vec<Run>> {
+        self.inner.runs_changed_before(before, after, limit).await
+    }
+    async fn remove_run(
+        &self,
+        run_id: Uuid,
+        seen: chrono::DateTime<chrono::Utc>,
+    ) -> StoreResult<Option<saga_harness::saga::retention::Removed>> {
+        self.inner.remove_run(run_id, seen).await
+    }
     async fn list_runs(&self, limit: i64) -> StoreResult<Vec<Run>> {
         self.inner.list_runs(limit).await
     }

@@ -337,6 +337,92 @@ fn charge(scope: &str, amount: i64, max: i64) -> Charge {
     }
 }
 
+/// A charge of step `idx` of `run`, counted against `charges`.
+fn charging(run: uuid::Uuid, idx: i64, charges: Vec<Charge>) -> NewStep {
+    NewStep {
+        run_id: run,
+        step_idx: idx,
+        tool: "charge_card".into(),
+        tool_class: saga_harness::saga::class::ToolClass::Compensatable,
+        idempotency_key: format!("k-{idx}-{run}"),
+        args: json!({"amount": charges.first().map_or(0, |c| c.amount)}),
+        status: StepStatus::Intended,
+        compensation: None,
+        audience: saga_harness::saga::class::Audience::Finance,
+        phase: saga_harness::saga::class::Phase::BeforePivot,
+        limits: StepLimits {
+            enforce: true,
+            charges,
+        },
+    }
+}
+
+/// A pruned run takes out of the totals what it still counted (rows no
+/// sweep has reached yet), and its per-run totals go with it; another
+/// run's usage stays.
+async fn removing_a_run_takes_its_usage_out_of_the_totals(db: common::TestDb) {
+    let opened = saga_harness::store::open_with(&db.url, &db.settings())
+        .await
+        .unwrap();
+    let store = opened.saga_store();
+    let agent = Actor::Agent(AGENT.into());
+    let mut runs = Vec::new();
+    for purpose in ["pruned", "kept"] {
+        let (run, _) = store
+            .create_run(NewRun {
+                agent: AGENT.into(),
+                label: None,
+                purpose: purpose.into(),
+            })
+            .await
+            .unwrap();
+        runs.push(run.id);
+    }
+    let daily = "charges|agent:billing-bot";
+    let per_run = format!("charges per run|run:{}", runs[0]);
+    let mut per_run_charge = charge(&per_run, 600, 1000);
+    per_run_charge.window_s = None;
+    store
+        .record_step(
+            charging(runs[0], 0, vec![charge(daily, 600, 1000), per_run_charge]),
+            &agent,
+        )
+        .await
+        .unwrap();
+    store
+        .record_step(charging(runs[1], 0, vec![charge(daily, 200, 1000)]), &agent)
+        .await
+        .unwrap();
+    let used = || {
+        let store = store.clone();
+        let per_run = per_run.clone();
+        async move {
+            store
+                .limit_usage(&[(daily.to_owned(), Some(86_400)), (per_run, None)])
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(used().await, vec![800, 600]);
+    let seen = store.run(runs[0]).await.unwrap().unwrap().updated_at;
+    let removed = store.remove_run(runs[0], seen).await.unwrap().unwrap();
+    assert_eq!(removed.by_table["limit_usage"], 2);
+    assert_eq!(removed.by_table["limit_totals"], 1, "the per-run total");
+    assert_eq!(used().await, vec![200, 0]);
+    opened.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_removing_a_run_takes_its_usage_out_of_the_totals() {
+    removing_a_run_takes_its_usage_out_of_the_totals(common::sqlite()).await;
+}
+
+#[tokio::test]
+async fn postgres_removing_a_run_takes_its_usage_out_of_the_totals() {
+    let db = common::postgres_or_skip!();
+    removing_a_run_takes_its_usage_out_of_the_totals(db).await;
+}
+
 /// The store counts a step while it is INTENDED, UNKNOWN or CONFIRMED, and
 /// not once it failed, was not executed or was compensated.
 async fn a_step_counts_while_its_effect_stands_or_may(db: common::TestDb) {
@@ -359,22 +445,7 @@ async fn a_step_counts_while_its_effect_stands_or_may(db: common::TestDb) {
             .await
             .unwrap()[0]
     };
-    let new = |idx: i64, amount: i64| NewStep {
-        run_id: run.id,
-        step_idx: idx,
-        tool: "charge_card".into(),
-        tool_class: saga_harness::saga::class::ToolClass::Compensatable,
-        idempotency_key: format!("k-{idx}-{}", run.id),
-        args: json!({"amount": amount}),
-        status: StepStatus::Intended,
-        compensation: None,
-        audience: saga_harness::saga::class::Audience::Finance,
-        phase: saga_harness::saga::class::Phase::BeforePivot,
-        limits: StepLimits {
-            enforce: true,
-            charges: vec![charge(scope, amount, 1000)],
-        },
-    };
+    let new = |idx: i64, amount: i64| charging(run.id, idx, vec![charge(scope, amount, 1000)]);
     let agent = Actor::Agent(AGENT.into());
     store.record_step(new(0, 600), &agent).await.unwrap();
     assert_eq!(used(store.clone()).await, 600, "intended counts");

@@ -18,6 +18,7 @@ mod engine;
 mod engine_properties;
 mod incident;
 mod limits;
+mod retention;
 mod server;
 mod sign_in;
 mod store_contract;

@@ -16,6 +16,7 @@ mod eval;
 mod load;
 mod mcp;
 mod operations;
+mod retention;
 mod security;
 mod slack_approvals;
 mod two_processes;

@@ -50,6 +50,8 @@ pub mod resend;
 #[cfg(feature = "engine")]
 pub mod resume;
 #[cfg(feature = "engine")]
+pub mod retention;
+#[cfg(feature = "engine")]
 pub mod rights;
 #[cfg(feature = "engine")]
 mod run_locks;

@@ -656,7 +656,7 @@ pub struct NewNotice {
     pub channel: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Notice {
     pub approval_id: i64,
     pub run_id: Uuid,

@@ -601,6 +601,79 @@ struct ToolsFile {
     /// `[[limits.money]]`, `[[limits.recipients]]`, `[[limits.calls]]`.
     #[serde(default)]
     limits: toml::Table,
+    /// `[retention]`: a daily pass that prunes settled history.
+    #[serde(default)]
+    retention: toml::Table,
+}
+
+/// `[retention]`: once a day, the runs last changed longer ago than
+/// `older_than` that nothing can still move leave the saga log, each
+/// first written to a JSON-lines file under `archive_dir` when set. Off
+/// unless the section is there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetentionPolicy {
+    pub older_than: std::time::Duration,
+    pub archive_dir: Option<std::path::PathBuf>,
+}
+
+fn retention_policy(
+    section: &toml::Table,
+    mistakes: &mut Vec<RegistryMistake>,
+) -> Option<RetentionPolicy> {
+    if section.is_empty() {
+        return None;
+    }
+    let mut say = |field: &'static str, problem: String| {
+        mistakes.push(RegistryMistake {
+            tool: "[retention]".into(),
+            field,
+            problem,
+        })
+    };
+    for key in section.keys() {
+        if !matches!(key.as_str(), "older_than" | "archive_dir") {
+            say(
+                "(section)",
+                format!(
+                    "`{key}` is not a setting here; the settings are older_than and archive_dir"
+                ),
+            );
+        }
+    }
+    let older_than = match section.get("older_than").map(|v| v.as_str()) {
+        Some(Some(text)) => match duration_setting(text) {
+            Ok(age) => Some(age),
+            Err(problem) => {
+                say("older_than", problem);
+                None
+            }
+        },
+        Some(None) => {
+            say("older_than", "must be a duration like \"90d\"".into());
+            None
+        }
+        None => {
+            say(
+                "older_than",
+                "missing: how long a run stays after its last change, like \"90d\"".into(),
+            );
+            None
+        }
+    };
+    let archive_dir = match section.get("archive_dir") {
+        None => None,
+        Some(toml::Value::String(dir)) if !dir.trim().is_empty() => {
+            Some(std::path::PathBuf::from(dir))
+        }
+        Some(_) => {
+            say("archive_dir", "must be a directory path".into());
+            None
+        }
+    };
+    older_than.map(|older_than| RetentionPolicy {
+        older_than,
+        archive_dir,
+    })
 }
 
 /// How long approvals wait (`[approvals]`): until a deadline, after which
@@ -765,6 +838,7 @@ pub struct Registry {
     approval_policy: ApprovalPolicy,
     schemas: ArgsSchemas,
     limits: super::limits::Limits,
+    retention: Option<RetentionPolicy>,
 }
 
 impl Registry {
@@ -838,6 +912,7 @@ impl Registry {
             }
         }
         let approval_policy = approval_policy(&file.approvals, &tools, &mut mistakes);
+        let retention = retention_policy(&file.retention, &mut mistakes);
         let shapes = tools
             .iter()
             .map(|(name, spec)| (name.clone(), spec.shape()))
@@ -859,6 +934,7 @@ impl Registry {
                 approval_policy,
                 schemas,
                 limits,
+                retention,
             })
         } else {
             Err(RegistryError::Mistakes(mistakes))
@@ -970,6 +1046,11 @@ impl Registry {
     /// The tools file's limits on the sum of correct calls.
     pub fn limits(&self) -> &super::limits::Limits {
         &self.limits
+    }
+
+    /// `[retention]`, when the tools file sets it.
+    pub fn retention(&self) -> Option<&RetentionPolicy> {
+        self.retention.as_ref()
     }
 
     pub fn approval_policy(&self) -> &ApprovalPolicy {
@@ -1912,5 +1993,66 @@ mod limits_tests {
                 "missing {wanted:?} in {found:#?}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod retention_tests {
+    use super::*;
+
+    const TOOL: &str = r#"
+        [[tool]]
+        name = "lookup"
+        class = "pure"
+        connector = "crm.lookup"
+    "#;
+
+    fn read(section: &str) -> Result<Option<RetentionPolicy>, Vec<String>> {
+        match Registry::from_toml(&format!("{TOOL}\n{section}")) {
+            Ok(registry) => Ok(registry.retention().cloned()),
+            Err(RegistryError::Mistakes(found)) => {
+                Err(found.iter().map(|m| m.to_string()).collect())
+            }
+            Err(other) => Err(vec![other.to_string()]),
+        }
+    }
+
+    #[test]
+    fn retention_is_off_unless_set_and_reads_its_two_settings() {
+        assert_eq!(read("").unwrap(), None);
+        let policy =
+            read("[retention]\nolder_than = \"90d\"\narchive_dir = \"/var/lib/saga/archive\"")
+                .unwrap()
+                .unwrap();
+        assert_eq!(
+            policy.older_than,
+            std::time::Duration::from_secs(90 * 86_400)
+        );
+        assert_eq!(
+            policy.archive_dir.as_deref(),
+            Some(std::path::Path::new("/var/lib/saga/archive"))
+        );
+    }
+
+    #[test]
+    fn a_retention_section_without_an_age_or_with_a_stray_setting_is_refused_by_field() {
+        let missing = read("[retention]\narchive_dir = \"/tmp/a\"").unwrap_err();
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert!(
+            missing[0].contains("`[retention]`, field `older_than`: missing"),
+            "{missing:?}"
+        );
+        let wrong = read("[retention]\nolder_than = \"soon\"\nkeep_forever = true").unwrap_err();
+        assert_eq!(wrong.len(), 2, "{wrong:?}");
+        assert!(
+            wrong
+                .iter()
+                .any(|m| m.contains("`keep_forever` is not a setting here")),
+            "{wrong:?}"
+        );
+        assert!(
+            wrong.iter().any(|m| m.contains("`soon` is not a duration")),
+            "{wrong:?}"
+        );
     }
 }

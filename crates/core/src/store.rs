@@ -229,6 +229,23 @@ pub trait SagaStore: Send + Sync + 'static {
     async fn run(&self, id: Uuid) -> StoreResult<Option<Run>>;
     /// Newest first.
     async fn list_runs(&self, limit: i64) -> StoreResult<Vec<Run>>;
+    /// Runs last changed before `before`, oldest first, after the keyset
+    /// `after` (their `updated_at` and id): the pruner's pages.
+    async fn runs_changed_before(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+        after: Option<(chrono::DateTime<chrono::Utc>, Uuid)>,
+        limit: i64,
+    ) -> StoreResult<Vec<Run>>;
+    /// Removes a run and everything about it (steps, compensations,
+    /// approvals and their messages, corrections, audit lines, limit
+    /// usage) in one transaction, unless it changed since it was read with
+    /// `updated_at == seen`; `None` then. Counts the rows removed.
+    async fn remove_run(
+        &self,
+        run_id: Uuid,
+        seen: chrono::DateTime<chrono::Utc>,
+    ) -> StoreResult<Option<crate::retention::Removed>>;
     /// One page of runs for people: those awaiting approval (a pivot, or a
     /// held single step) first, then those needing a person, then the rest,
     /// newest first; optionally only one status.

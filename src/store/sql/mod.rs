@@ -470,6 +470,90 @@ macro_rules! saga_store_over_dialect {
                 Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::run_from).await
             }
 
+            async fn runs_changed_before(
+                &self,
+                before: DateTime<Utc>,
+                after: Option<(DateTime<Utc>, Uuid)>,
+                limit: i64,
+            ) -> StoreResult<Vec<Run>> {
+                // Keyset pages over (updated_at, id): a page costs the same
+                // however far the pruner has come.
+                let (at, id) = after
+                    .map(|(at, id)| (Some(at), id.to_string()))
+                    .unwrap_or((None, String::new()));
+                let query = Sql::<Self>::query(
+                    "SELECT * FROM runs WHERE updated_at < $1
+                       AND ($2 IS NULL OR updated_at > $2 OR (updated_at = $2 AND id > $3))
+                     ORDER BY updated_at, id LIMIT $4",
+                )
+                .bind(before)
+                .bind(at)
+                .bind(id)
+                .bind(limit);
+                Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::run_from).await
+            }
+
+            async fn remove_run(
+                &self,
+                run_id: Uuid,
+                seen: DateTime<Utc>,
+            ) -> StoreResult<Option<crate::saga::retention::Removed>> {
+                let mut conn = self.write(Durability::Durable).await?;
+                let mut tx = conn.begin().await.map_err(db)?;
+                let id = run_id.to_string();
+                // Only the run as it was read: one that moved since (a lead
+                // unwinding a completed run) stays.
+                let unchanged = Sql::<Self>::query(
+                    "UPDATE runs SET updated_at = updated_at WHERE id = $1 AND updated_at = $2",
+                )
+                .bind(&id)
+                .bind(seen)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+                if unchanged.rows_affected() == 0 {
+                    return Ok(None);
+                }
+                // Amounts the limit totals still hold for this run's calls
+                // (rows no sweep has reached) leave with it, as a sweep would
+                // have taken them; its per-run totals go too.
+                Sql::<Self>::query(concat!(
+                    "UPDATE limit_totals SET used = used - coalesce((
+                         SELECT sum(u.amount) FROM limit_usage u
+                         JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
+                         WHERE u.run_id = $1 AND u.scope = limit_totals.scope
+                           AND u.at > limit_totals.swept_at AND s.status IN ",
+                    crate::store::sql::counted_sql!(),
+                    "), 0)
+                     WHERE scope IN (SELECT scope FROM limit_usage WHERE run_id = $1)"
+                ))
+                .bind(&id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+                let mut removed = crate::saga::retention::Removed::default();
+                for (table, sql) in [
+                    ("limit_totals", "DELETE FROM limit_totals WHERE scope LIKE '%|run:' || $1"),
+                    ("limit_usage", "DELETE FROM limit_usage WHERE run_id = $1"),
+                    ("approval_notices", "DELETE FROM approval_notices WHERE run_id = $1"),
+                    ("corrections", "DELETE FROM corrections WHERE run_id = $1"),
+                    ("compensations", "DELETE FROM compensations WHERE run_id = $1"),
+                    ("events", "DELETE FROM events WHERE run_id = $1"),
+                    ("approvals", "DELETE FROM approvals WHERE run_id = $1"),
+                    ("saga_log", "DELETE FROM saga_log WHERE run_id = $1"),
+                    ("runs", "DELETE FROM runs WHERE id = $1"),
+                ] {
+                    let done = Sql::<Self>::query(sql)
+                        .bind(&id)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                    removed.add(table, done.rows_affected());
+                }
+                Sql::<Self>::commit(tx).await?;
+                Ok(Some(removed))
+            }
+
             async fn runs_page(
                 &self,
                 status: Option<RunStatus>,

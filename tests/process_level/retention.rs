@@ -1,0 +1,100 @@
+//! `saga-harness prune` as an operator runs it: what it says it kept and
+//! why, a SQLite log it may not touch while a harness holds it, and a bad
+//! age refused before anything is read.
+
+use crate::common;
+
+use saga_harness::saga::model::NewRun;
+use std::process::Output;
+
+async fn prune(args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_saga-harness"))
+        .arg("prune")
+        .args(args)
+        .output()
+        .await
+        .expect("saga-harness prune runs")
+}
+
+fn said(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[tokio::test]
+async fn prune_says_what_it_kept_and_why_and_leaves_a_held_sqlite_log_alone() {
+    let db = common::sqlite();
+    let opened = saga_harness::store::open(&db.url).await.unwrap();
+    opened
+        .saga_store()
+        .create_run(NewRun {
+            agent: "support-bot".into(),
+            label: None,
+            purpose: "still working".into(),
+        })
+        .await
+        .unwrap();
+    // While another process holds the file, prune is refused, and says why.
+    let held = prune(&["--older-than", "1s", "--database-url", &db.url]).await;
+    assert!(!held.status.success());
+    assert!(
+        said(&held).contains("is in use by another saga-harness process"),
+        "{}",
+        said(&held)
+    );
+    drop(opened);
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive.jsonl");
+    let dry = prune(&["--older-than", "1s", "--dry-run", "--database-url", &db.url]).await;
+    assert!(dry.status.success(), "{}", said(&dry));
+    assert!(
+        said(&dry).contains("would prune 0 of 1 runs older than the cut-off"),
+        "{}",
+        said(&dry)
+    );
+    assert!(said(&dry).contains("kept 1 not finished"), "{}", said(&dry));
+    let real = prune(&[
+        "--older-than",
+        "1s",
+        "--archive",
+        archive.to_str().unwrap(),
+        "--database-url",
+        &db.url,
+    ])
+    .await;
+    assert!(real.status.success(), "{}", said(&real));
+    assert!(
+        said(&real).contains("pruned 0 of 1 runs"),
+        "{}",
+        said(&real)
+    );
+    assert!(said(&real).contains("archived to"), "{}", said(&real));
+}
+
+#[tokio::test]
+async fn a_bad_age_is_refused_before_the_log_is_opened() {
+    let out = prune(&[
+        "--older-than",
+        "soon",
+        "--database-url",
+        "sqlite:///nonexistent/dir/x.db",
+    ])
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        said(&out).contains("`soon` is not a duration like \"90d\""),
+        "{}",
+        said(&out)
+    );
+    let zero = prune(&["--older-than", "0s"]).await;
+    assert!(
+        said(&zero).contains("must be longer than zero"),
+        "{}",
+        said(&zero)
+    );
+}
