@@ -310,3 +310,37 @@ async fn the_providers_groups_give_the_right_and_the_audit_names_issuer_and_subj
     );
     assert!(lines.contains(&right), "{lines:#?}");
 }
+
+/// What the agent asked for and was refused is on its run's page, in the
+/// words the agent got, for whoever reads the run.
+#[tokio::test]
+async fn the_run_page_lists_the_calls_the_harness_refused_the_agent() {
+    let setup = start(common::sqlite(), None).await;
+    let base = setup.app.base.clone();
+    let run = setup
+        .agent(
+            reqwest::Method::POST,
+            "/runs",
+            Some(json!({"purpose": "open a ticket"})),
+        )
+        .await["run"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let refused = reqwest::Client::new()
+        .post(format!("{}/runs/{run}/calls", setup.app.api()))
+        .bearer_auth(&setup.token)
+        .json(&json!({"tool": "create_ticket", "args": {}, "step": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 409);
+    let sam = signed_in_locally(&base, "sam").await;
+    let (text, _) = run_page_text(&sam, &base, &run).await;
+    assert!(text.contains("Calls the harness refused"), "{text}");
+    assert!(
+        text.contains("step 3 is beyond the run's next step 0 step_out_of_order"),
+        "{text}"
+    );
+    assert!(setup.world.effects("tickets.create").is_empty());
+}

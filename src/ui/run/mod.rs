@@ -86,7 +86,26 @@ fn run_view(run: RunSheet) -> impl IntoView {
             <Timeline steps=run.steps.clone() corrections=run.corrections.clone()/>
             {steps_list(run.steps.clone())}
         </section>
+        {(!run.refusals.is_empty()).then(|| refusals_panel(run.refusals.clone()))}
         {run.unwind_plan.clone().filter(|_| may).map(|plan| unwind_panel(&id, plan))}
+    }
+}
+
+/// What the agent asked for and was told no: nothing of it was sent.
+fn refusals_panel(calls: Vec<RefusedCall>) -> impl IntoView {
+    view! {
+        <section class="panel refusals" aria-labelledby="refusals-title">
+            <h2 id="refusals-title">"Calls the harness refused"</h2>
+            <p class="muted">"The agent asked for these and was told no; nothing was sent."</p>
+            <ul>
+                {calls.into_iter().map(|call| view! {
+                    <li>
+                        <span class="meta">{call.at}</span> " " {call.why} " "
+                        <code>{call.code}</code>
+                    </li>
+                }).collect_view()}
+            </ul>
+        </section>
     }
 }
 

@@ -27,6 +27,19 @@ pub struct RunSheet {
     pub may_decide: bool,
     /// Each limit the run's calls count against: spent of its maximum.
     pub limits: Vec<LimitLine>,
+    /// The agent's calls the harness refused, oldest first.
+    #[serde(default)]
+    pub refusals: Vec<RefusedCall>,
+}
+
+/// One call the harness refused the agent, from the run's audit trail.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RefusedCall {
+    pub at: String,
+    /// The stable code the agent got (`step_out_of_order`).
+    pub code: String,
+    /// What the agent was told.
+    pub why: String,
 }
 
 /// One limit as the run page shows it.

@@ -191,7 +191,25 @@ pub async fn detail(
         unwind_plan,
         may_decide,
         limits,
+        refusals: refusals(&events),
     }))
+}
+
+/// The agent's refused calls, as the audit trail has them.
+fn refusals(events: &[Event]) -> Vec<RefusedCall> {
+    events
+        .iter()
+        .filter_map(|event| {
+            let detail = event.detail.as_deref()?;
+            let code = crate::saga::refusal::refused_code(detail)?;
+            let why = detail.split_once(": ").map_or(detail, |(_, why)| why);
+            Some(RefusedCall {
+                at: when(event.at),
+                code: code.to_owned(),
+                why: why.to_owned(),
+            })
+        })
+        .collect()
 }
 
 /// Each limit the run's steps count against, with what is spent of it now
