@@ -15,6 +15,13 @@
 //! [connectors.mcp.tickets]
 //! url = "https://mcp.example.com/mcp"
 //! token_env = "TICKETS_MCP_TOKEN"
+//!
+//! # How the step's key reaches create_ticket beyond `_meta`, and how an
+//! # unknown answer is settled: another tool of the server finds the effect
+//! # by key, and the JSONPath names what is there when it exists.
+//! [connectors.mcp.tickets.tools.create_ticket]
+//! key_arg = "external_id"
+//! lookup = { tool = "find_ticket", args = { external_id = "{key}" }, found = "$.structuredContent.ticket.id" }
 //! ```
 //!
 //! At start-up the harness connects to each, lists its tools and takes them
@@ -24,8 +31,12 @@
 //! server's `readOnlyHint` (`trust_read_only_hints = true`) or declares the
 //! tool itself (`[[tool]] ... connector = "mcp.SERVER.TOOL"`). Each call
 //! carries the step's idempotency key in its `_meta` under [`KEY_META`], so
-//! an upstream that understands it can deduplicate. An upstream has no
-//! lookup: an unknown outcome becomes a question for a person, as for SMTP.
+//! an upstream that understands it can deduplicate, and in the argument
+//! `key_arg` names (which the agent then neither sees nor sends). A tool
+//! with a declared `lookup` is reconciled like Stripe and Jira: an unknown
+//! answer is settled by asking the upstream, with the tool's `settle_ms`
+//! re-check for a search that lags; without one, it becomes a question for
+//! a person, as for SMTP.
 
 use crate::connectors::ConnectorSet;
 use crate::saga::class::ToolClass;
@@ -70,6 +81,46 @@ struct Settings {
     /// default: annotations are untrusted (MCP specification).
     #[serde(default)]
     trust_read_only_hints: bool,
+    /// `[connectors.mcp.NAME.tools.TOOL]`: the key's argument and lookup.
+    #[serde(default)]
+    tools: std::collections::BTreeMap<String, ToolSettings>,
+}
+
+/// `[connectors.mcp.NAME.tools.TOOL]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolSettings {
+    /// The argument the step's key is put in.
+    key_arg: Option<String>,
+    lookup: Option<LookupSettings>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LookupSettings {
+    /// Another tool of the same server.
+    tool: String,
+    /// Its arguments; `{key}` and `{args.FIELD}` are filled from the step.
+    #[serde(default)]
+    args: toml::Table,
+    /// A JSONPath into the lookup's result: present (and not null) when the
+    /// effect exists; its value is the step's external reference.
+    found: String,
+}
+
+/// A tool's declared way to be found again.
+#[derive(Debug)]
+struct Finding {
+    tool: String,
+    args: Value,
+    found: serde_json_path::JsonPath,
+}
+
+/// What the tools file says about one upstream tool.
+#[derive(Debug, Default)]
+struct Declared {
+    key_arg: Option<String>,
+    lookup: Option<Finding>,
 }
 
 fn default_timeout_ms() -> u64 {
@@ -94,6 +145,8 @@ enum Reach {
 pub struct Upstream {
     name: String,
     trust_hints: bool,
+    /// By the upstream's own tool name.
+    declared: std::collections::BTreeMap<String, Declared>,
     reach: Reach,
     timeout: Duration,
     session: tokio::sync::Mutex<Option<RunningService<RoleClient, ()>>>,
@@ -148,10 +201,51 @@ impl Upstream {
             return Err("`timeout_ms` must be above 0".into());
         }
         let prefix = settings.prefix.unwrap_or_else(|| name.to_owned());
+        let mut declared = std::collections::BTreeMap::new();
+        for (tool, settings) in settings.tools {
+            let lookup = match settings.lookup {
+                None => None,
+                Some(lookup) => {
+                    let found = serde_json_path::JsonPath::parse(&lookup.found).map_err(|e| {
+                        format!(
+                            "tools.{tool}.lookup.found: `{}` is not a JSONPath: {e}",
+                            lookup.found
+                        )
+                    })?;
+                    if lookup.tool == tool {
+                        return Err(format!(
+                            "tools.{tool}.lookup.tool: a tool cannot look itself up; name the tool that finds its effect"
+                        ));
+                    }
+                    Some(Finding {
+                        tool: lookup.tool,
+                        args: serde_json::to_value(&lookup.args).map_err(|e| e.to_string())?,
+                        found,
+                    })
+                }
+            };
+            if settings
+                .key_arg
+                .as_deref()
+                .is_some_and(|arg| arg.trim().is_empty())
+            {
+                return Err(format!(
+                    "tools.{tool}.key_arg: name the argument the key goes in"
+                ));
+            }
+            declared.insert(
+                tool,
+                Declared {
+                    key_arg: settings.key_arg,
+                    lookup,
+                },
+            );
+        }
         Ok((
             Upstream {
                 name: name.to_owned(),
                 trust_hints: settings.trust_read_only_hints,
+                declared,
                 reach,
                 timeout: Duration::from_millis(settings.timeout_ms),
                 session: tokio::sync::Mutex::new(None),
@@ -251,6 +345,70 @@ impl Upstream {
             .collect())
     }
 
+    /// The harness fills a tool's `key_arg`: the agent neither sees it in
+    /// the schema nor must send it.
+    fn without_key_args(&self, mut listed: Vec<UpstreamTool>) -> Vec<UpstreamTool> {
+        for tool in &mut listed {
+            let Some(arg) = self
+                .declared
+                .get(&tool.name)
+                .and_then(|d| d.key_arg.as_deref())
+            else {
+                continue;
+            };
+            if let Some(properties) = tool
+                .schema
+                .get_mut("properties")
+                .and_then(Value::as_object_mut)
+            {
+                properties.remove(arg);
+            }
+            if let Some(required) = tool
+                .schema
+                .get_mut("required")
+                .and_then(Value::as_array_mut)
+            {
+                required.retain(|name| name.as_str() != Some(arg));
+            }
+        }
+        listed
+    }
+
+    /// Each declaration checked against what the server lists: the tool
+    /// and its lookup tool exist, and the key's argument is one the tool
+    /// takes.
+    fn check_declared(&self, listed: &[UpstreamTool]) -> Vec<String> {
+        let mut mistakes = Vec::new();
+        let has = |name: &str| listed.iter().any(|t| t.name == name);
+        for (tool, declared) in &self.declared {
+            if !has(tool) {
+                mistakes.push(format!("tools.{tool}: the server lists no tool `{tool}`"));
+                continue;
+            }
+            if let Some(finding) = &declared.lookup {
+                if !has(&finding.tool) {
+                    mistakes.push(format!(
+                        "tools.{tool}.lookup.tool: the server lists no tool `{}` to look `{tool}` up with",
+                        finding.tool
+                    ));
+                }
+            }
+            if let Some(arg) = &declared.key_arg {
+                let takes = listed
+                    .iter()
+                    .find(|t| t.name == *tool)
+                    .and_then(|t| t.schema.pointer(&format!("/properties/{arg}")))
+                    .is_some();
+                if !takes {
+                    mistakes.push(format!(
+                        "tools.{tool}.key_arg: `{tool}` takes no argument `{arg}` (its input schema lists none)"
+                    ));
+                }
+            }
+        }
+        mistakes
+    }
+
     fn tool_of<'a>(&self, operation: &'a str) -> Option<&'a str> {
         operation
             .strip_prefix("mcp.")
@@ -283,7 +441,11 @@ impl Connector for Upstream {
         };
         let mut params = CallToolRequestParams::new(tool.to_owned());
         if let Value::Object(args) = args {
-            params = params.with_arguments(args.clone());
+            let mut args = args.clone();
+            if let Some(arg) = self.declared.get(tool).and_then(|d| d.key_arg.as_ref()) {
+                args.insert(arg.clone(), Value::String(key.to_owned()));
+            }
+            params = params.with_arguments(args);
         }
         let mut meta = RequestMetaObject::new();
         meta.0
@@ -313,18 +475,115 @@ impl Connector for Upstream {
         }
     }
 
-    async fn lookup(&self, _: &str, _: &str, _: &Value) -> Result<Lookup, LookupError> {
-        Err(LookupError::Unsupported)
+    /// Calls the tool's declared lookup with the step's key: the effect
+    /// exists when the JSONPath finds a value in the answer.
+    async fn lookup(
+        &self,
+        operation: &str,
+        key: &str,
+        args: &Value,
+    ) -> Result<Lookup, LookupError> {
+        let Some(finding) = self
+            .tool_of(operation)
+            .and_then(|tool| self.declared.get(tool))
+            .and_then(|d| d.lookup.as_ref())
+        else {
+            return Err(LookupError::Unsupported);
+        };
+        let filled = crate::saga::registry::fill(&finding.args, key, args)
+            .map_err(|e| LookupError::Unavailable(format!("the lookup's arguments: {e}")))?;
+        let peer = self.peer().await.map_err(|reason| {
+            tracing::warn!(server = %self.name, %reason, "cannot reach an upstream MCP server to look a step up");
+            LookupError::Unavailable(format!("the upstream MCP server `{}` could not be reached", self.name))
+        })?;
+        let mut params = CallToolRequestParams::new(finding.tool.clone());
+        if let Value::Object(filled) = filled {
+            params = params.with_arguments(filled);
+        }
+        let answered = tokio::time::timeout(self.timeout, peer.call_tool_once(params))
+            .await
+            .map_err(|_| {
+                LookupError::Unavailable(format!(
+                    "no answer from `{}` within {:?}",
+                    finding.tool, self.timeout
+                ))
+            })?;
+        let result = match answered {
+            Ok(CallToolResponse::Complete(result)) => result,
+            Ok(_) => {
+                return Err(LookupError::Unavailable(format!(
+                    "`{}` did not answer at once",
+                    finding.tool
+                )))
+            }
+            Err(error) => {
+                self.forget().await;
+                return Err(LookupError::Unavailable(format!(
+                    "`{}` failed: {error}",
+                    finding.tool
+                )));
+            }
+        };
+        if result.is_error == Some(true) {
+            return Err(LookupError::Unavailable(format!(
+                "`{}` said: {}",
+                finding.tool,
+                text_of(&result)
+            )));
+        }
+        let body = serde_json::to_value(&result).unwrap_or(Value::Null);
+        let found = finding
+            .found
+            .query(&body)
+            .all()
+            .into_iter()
+            .find(|value| !value.is_null())
+            .cloned();
+        Ok(match found {
+            Some(Value::String(reference)) => Lookup::FoundSucceeded {
+                external_ref: reference,
+                result: body,
+            },
+            Some(other) => Lookup::FoundSucceeded {
+                external_ref: other.to_string(),
+                result: body,
+            },
+            None => Lookup::NotFound,
+        })
     }
 
-    fn has_lookup(&self, _operation: &str) -> bool {
-        false
+    fn has_lookup(&self, operation: &str) -> bool {
+        self.tool_of(operation)
+            .and_then(|tool| self.declared.get(tool))
+            .is_some_and(|d| d.lookup.is_some())
     }
 
-    /// The result's `id` when its structured content has one; otherwise a
-    /// fingerprint of the answer, so the log can tell answers apart.
-    fn external_ref(&self, _operation: &str, body: &Value) -> Option<String> {
+    /// What the tool's lookup would find, when its JSONPath finds it in
+    /// this answer too (a create that answers with the ticket a search
+    /// finds), else the result's `id` when its structured content has one;
+    /// otherwise a fingerprint of the answer, so the log can tell answers
+    /// apart.
+    fn external_ref(&self, operation: &str, body: &Value) -> Option<String> {
         body.get("content")?.as_array()?;
+        let declared = self
+            .tool_of(operation)
+            .and_then(|tool| self.declared.get(tool))
+            .and_then(|d| d.lookup.as_ref())
+            .and_then(|finding| {
+                finding
+                    .found
+                    .query(body)
+                    .all()
+                    .into_iter()
+                    .find(|value| !value.is_null())
+                    .map(|value| match value {
+                        Value::String(text) => text.clone(),
+                        other => other.to_string(),
+                    })
+            });
+        if declared.is_some() {
+            return declared;
+        }
         let id = body
             .pointer("/structuredContent/id")
             .and_then(|id| match id {
@@ -463,6 +722,12 @@ pub async fn attach(
                 continue;
             }
         };
+        let declared = upstream.check_declared(&listed);
+        if !declared.is_empty() {
+            mistakes.extend(declared.into_iter().map(say));
+            continue;
+        }
+        let listed = upstream.without_key_args(listed);
         match registry.adopt_upstream(name, &prefix, upstream.trust_hints, listed) {
             Ok(operations) => {
                 let names: Vec<&str> = operations.iter().map(String::as_str).collect();
@@ -506,6 +771,11 @@ pub async fn inspect(registry: &Registry) -> Vec<(String, Result<Vec<InspectedTo
         let inspected = async {
             let (upstream, prefix) = Upstream::from_settings(name, settings)?;
             let listed = upstream.listed().await?;
+            let declared = upstream.check_declared(&listed);
+            if !declared.is_empty() {
+                return Err(declared.join("; "));
+            }
+            let listed = upstream.without_key_args(listed);
             let mut adopted = registry.clone();
             adopted
                 .adopt_upstream(name, &prefix, upstream.trust_hints, listed.clone())

@@ -1412,3 +1412,181 @@ tools = ["charge_card"]
     assert_eq!(charged.len(), 1, "{charged:?}");
     client.cancel().await.unwrap();
 }
+
+/// The ticket desk (an MCP server written with the official Python SDK,
+/// with a ledger of its own), its create_ticket declared with the key's
+/// argument, a lookup and a compensation.
+fn ticket_desk(ledger: &std::path::Path, faults: &std::path::Path, lookup: &str) -> String {
+    format!(
+        r#"
+[connectors.mcp.desk]
+command = ["python3", "tests/upstream/tickets_server.py", {ledger:?}, {faults:?}]
+timeout_ms = 1500
+
+[connectors.mcp.desk.tools.create_ticket]
+key_arg = "external_id"
+{lookup}
+
+[[tool]]
+name = "open_desk_ticket"
+class = "compensatable"
+connector = "mcp.desk.create_ticket"
+settle_ms = 2500
+compensation = {{ tool = "close_desk_ticket", args = {{ external_id = "{{key}}" }} }}
+
+[[tool]]
+name = "close_desk_ticket"
+class = "compensatable"
+connector = "mcp.desk.close_ticket"
+way_back_only = true
+"#
+    )
+}
+
+const DESK_LOOKUP: &str = r#"lookup = { tool = "find_ticket", args = { external_id = "{key}" }, found = "$.structuredContent.ticket.id" }"#;
+
+/// What the desk's own ledger says happened, as (action, external id).
+fn desk_ledger(path: &std::path::Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| {
+            let effect: Value = serde_json::from_str(line).unwrap();
+            (
+                effect["action"].as_str().unwrap().to_owned(),
+                effect["ticket"]["external_id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// An upstream tool with a declared lookup is reconciled as Stripe and
+/// Jira are: the desk makes a ticket and then dies before answering, makes
+/// one and answers too late, and its search shows a new ticket only 1.5 s
+/// later; each unknown is settled by asking the desk (with the settle
+/// re-check), never by sending again, and the unwind closes exactly the
+/// tickets that exist. The agent never sends the key's argument.
+#[tokio::test]
+async fn an_upstream_tool_with_a_lookup_settles_each_unknown_by_asking_and_unwinds_what_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.jsonl");
+    let faults = dir.path().join("faults.json");
+    std::fs::write(
+        &faults,
+        r#"{"create_ticket": ["drop", "timeout"], "search_lag_ms": 1500}"#,
+    )
+    .unwrap();
+    let h = start_with(
+        common::sqlite(),
+        &ticket_desk(&ledger, &faults, DESK_LOOKUP),
+    )
+    .await;
+    let (_, created) = h
+        .api("/runs", Some(json!({"purpose": "three tickets"})))
+        .await;
+    let run = created["run"]["id"].as_str().unwrap().to_owned();
+    let mut keys = Vec::new();
+    for (step, summary) in ["Kettle broken", "Lamp lost", "Mug chipped"]
+        .iter()
+        .enumerate()
+    {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let answer = loop {
+            let (status, answer) = h
+                .api(
+                    &format!("/runs/{run}/calls"),
+                    Some(json!({"tool": "open_desk_ticket", "args": {"summary": summary}, "step": step})),
+                )
+                .await;
+            assert_eq!(status, 200, "{answer}");
+            if answer["outcome"] == "confirmed" || std::time::Instant::now() > deadline {
+                break answer;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        };
+        assert_eq!(answer["outcome"], "confirmed", "step {step}: {answer}");
+        keys.push(answer["key"].as_str().unwrap().to_owned());
+    }
+    let made: Vec<(String, String)> = keys
+        .iter()
+        .map(|key| ("ticket.created".to_owned(), key.clone()))
+        .collect();
+    assert_eq!(
+        desk_ledger(&ledger),
+        made,
+        "one ticket per step, under its key"
+    );
+    let (_, view) = h.api(&format!("/runs/{run}"), None).await;
+    let refs: Vec<&str> = view["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["external_ref"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(refs, ["TCK-1", "TCK-2", "TCK-3"], "{view}");
+
+    let (status, unwound) = h
+        .api(
+            &format!("/runs/{run}/unwind"),
+            Some(json!({"reason": "wrong customer"})),
+        )
+        .await;
+    assert!(status < 300, "{unwound}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while desk_ledger(&ledger).len() < 6 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let closed: Vec<String> = desk_ledger(&ledger)
+        .into_iter()
+        .filter(|(action, _)| action == "ticket.closed")
+        .map(|(_, key)| key)
+        .collect();
+    let mut expected = keys.clone();
+    expected.reverse();
+    assert_eq!(closed, expected, "each ticket closed once, newest first");
+}
+
+/// A lookup the desk cannot answer, a JSONPath that does not parse, a key
+/// argument the tool does not take: the harness does not start, and says
+/// which server, tool and field.
+#[tokio::test]
+async fn a_wrongly_declared_upstream_lookup_is_refused_at_start_naming_the_field() {
+    use saga_harness::saga::registry::Registry;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.jsonl");
+    let faults = dir.path().join("faults.json");
+    for (lookup, key_arg, said) in [
+        (
+            r#"lookup = { tool = "search_everything", args = { q = "{key}" }, found = "$.structuredContent.ticket.id" }"#,
+            "external_id",
+            "upstream MCP server `desk`: tools.create_ticket.lookup.tool: the server lists no tool `search_everything`",
+        ),
+        (
+            r#"lookup = { tool = "find_ticket", args = { external_id = "{key}" }, found = "$.structuredContent[" }"#,
+            "external_id",
+            "upstream MCP server `desk`: tools.create_ticket.lookup.found: `$.structuredContent[` is not a JSONPath",
+        ),
+        (
+            DESK_LOOKUP,
+            "reference",
+            "upstream MCP server `desk`: tools.create_ticket.key_arg: `create_ticket` takes no argument `reference`",
+        ),
+    ] {
+        let text = ticket_desk(&ledger, &faults, lookup).replace(
+            "key_arg = \"external_id\"",
+            &format!("key_arg = \"{key_arg}\""),
+        );
+        let mut registry = Registry::from_toml(&text).expect("the tools file itself is valid");
+        let mistakes = saga_harness::mcp::upstream::attach(
+            &mut registry,
+            saga_harness::connectors::ConnectorSet::new(),
+        )
+        .await
+        .err()
+        .expect("refused");
+        assert!(
+            mistakes.iter().any(|m| m.contains(said)),
+            "missing {said:?} in {mistakes:?}"
+        );
+    }
+}
