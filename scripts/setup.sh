@@ -108,12 +108,13 @@ setup_promtool() {
 }
 
 # Python tools the tests drive: a real SMTP server (aiosmtpd) for the email
-# connector, an OpenAPI 3 validator for the API document, and the OpenAI
-# Agents SDK for the example agent `eval` runs over MCP.
+# connector, an OpenAPI 3 validator for the API document, the OpenAI Agents
+# SDK for the example agent `eval` runs over MCP, and the MCP SDK the
+# upstream ticket desk of the tests is written with.
 setup_python_tools() {
-  if ! python3 -c "import aiosmtpd, openapi_spec_validator, agents" >/dev/null 2>&1; then
-    say "installing aiosmtpd, openapi-spec-validator and the OpenAI Agents SDK (PyPI)"
+  if ! python3 -c "import aiosmtpd, openapi_spec_validator, agents, mcp.server.mcpserver" >/dev/null 2>&1; then
+    say "installing aiosmtpd, openapi-spec-validator, the OpenAI Agents SDK and the MCP SDK (PyPI)"
     python3 -m pip install --quiet --disable-pip-version-check \
-      "aiosmtpd==1.4.6" "openapi-spec-validator==0.9.0" "openai-agents==0.25.0"
+      "aiosmtpd==1.4.6" "openapi-spec-validator==0.9.0" "openai-agents==0.25.0" "mcp==2.3.0"
   fi
 }
