@@ -165,6 +165,14 @@ pub struct BenchArgs {
     /// one agent.
     #[arg(long)]
     pub limits: bool,
+    /// Instead: what pruning settled history costs: seconds per million
+    /// saga_log rows, and one run's step p50 alone and while a prune runs.
+    #[arg(long)]
+    pub prune: bool,
+    /// Print the README's retention table from a report `--prune --json`
+    /// wrote, and exit.
+    #[arg(long, value_name = "JSON")]
+    pub prune_table: Option<PathBuf>,
     /// Print the README's limits table from a report `--limits --json`
     /// wrote, and exit.
     #[arg(long, value_name = "JSON")]

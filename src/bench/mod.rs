@@ -14,6 +14,7 @@ mod in_flight;
 mod limits;
 mod path;
 mod peers;
+mod prune;
 pub mod readme;
 mod stats;
 
@@ -260,11 +261,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         print!("{}", limits::markdown(&read_report(path)?));
         return Ok(());
     }
+    if let Some(path) = &args.prune_table {
+        print!("{}", prune::markdown(&read_report(path)?));
+        return Ok(());
+    }
     if args.in_flight {
         return run_in_flight(args).await;
     }
     if args.limits {
-        return run_limits(args).await;
+        return run_ratio_mode(args, RatioMode::Limits).await;
+    }
+    if args.prune {
+        return run_ratio_mode(args, RatioMode::Prune).await;
     }
     let mut sizes = if args.quick {
         Sizes::quick()
@@ -344,19 +352,64 @@ pub fn limits_table(report: &Value) -> String {
     limits::markdown(report)
 }
 
-/// `bench --limits`: see `limits`.
-async fn run_limits(args: BenchArgs) -> anyhow::Result<()> {
+/// benches/README.md's retention table from a `bench --prune --json` report.
+pub fn prune_table(report: &Value) -> String {
+    prune::markdown(report)
+}
+
+/// The modes that measure one path with and without something beside it
+/// and report the ratio: `--limits` and `--prune`.
+#[derive(Clone, Copy)]
+enum RatioMode {
+    Limits,
+    Prune,
+}
+
+impl RatioMode {
+    fn name(self) -> &'static str {
+        match self {
+            RatioMode::Limits => "limits",
+            RatioMode::Prune => "prune",
+        }
+    }
+
+    async fn measure(
+        self,
+        target: &mut Target,
+        rounds: usize,
+        quick: bool,
+        figures: &mut Figures,
+    ) -> anyhow::Result<()> {
+        match self {
+            RatioMode::Limits => limits::measure(target, rounds, quick, figures).await,
+            RatioMode::Prune => prune::measure(target, rounds, quick, figures).await,
+        }
+    }
+
+    fn targets(self, figures: &Figures) -> Vec<(String, Option<f64>, f64)> {
+        match self {
+            RatioMode::Limits => limits::targets(figures),
+            RatioMode::Prune => prune::targets(figures),
+        }
+    }
+}
+
+/// `bench --limits` and `bench --prune`: see `limits` and `prune`.
+async fn run_ratio_mode(args: BenchArgs, mode: RatioMode) -> anyhow::Result<()> {
     if cfg!(debug_assertions) {
         eprintln!("bench: this is a debug build; the figures that matter come from --release");
     }
     let rounds = args.rounds.unwrap_or(5);
     let mut figures = Figures::default();
     for mut target in targets(&args)? {
-        let measured = limits::measure(&mut target, rounds, args.quick, &mut figures).await;
+        let measured = mode
+            .measure(&mut target, rounds, args.quick, &mut figures)
+            .await;
         target.clean_up().await?;
         measured?;
     }
-    let verdicts: Vec<Verdict> = limits::targets(&figures)
+    let verdicts: Vec<Verdict> = mode
+        .targets(&figures)
         .into_iter()
         .filter(|(_, value, _)| value.is_some())
         .map(|(target, value, at_most)| Verdict {
@@ -370,7 +423,7 @@ async fn run_limits(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         let report = json!({
             "date": chrono::Utc::now().to_rfc3339(),
-            "mode": "limits",
+            "mode": mode.name(),
             "quick": args.quick,
             "machine": machine(),
             "build": if cfg!(debug_assertions) { "debug" } else { "release" },

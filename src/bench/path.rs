@@ -131,6 +131,17 @@ impl EnginePath {
         Ok(run.id)
     }
 
+    /// A run of `steps` calls, completed by its agent: settled history.
+    pub(super) async fn completed_run(&self, steps: usize) -> anyhow::Result<()> {
+        let run = self.new_run().await?;
+        self.steps_on(run, "noop_looked_up", steps).await?;
+        self.engine
+            .complete(AGENT, run)
+            .await
+            .map_err(|e| anyhow::anyhow!("completing a run: {e}"))?;
+        Ok(())
+    }
+
     /// `steps` calls of `tool` on one new run, one after another: each
     /// call's latency in ms.
     async fn steps(&self, tool: &str, steps: usize) -> anyhow::Result<Vec<f64>> {

@@ -1,12 +1,14 @@
 //! `saga-harness prune`: settled history leaves the saga log, in pages
 //! of runs, each run removed in its own short transaction so agents' calls
-//! never wait long behind it; with `--archive`, each run is first written
+//! never wait long behind it, and after each page a pause as long as the
+//! page took; with `--archive`, each run is first written
 //! as one JSON line (its steps, compensations, approvals and their
 //! messages, corrections and audit lines) and flushed to disk.
 //!
 //! Which runs may go is `saga::retention::why_kept`'s to say.
 
 use crate::saga::retention::{why_kept, Removed, RunHistory};
+use crate::saga::status::RunStatus;
 use crate::saga::store::{SagaStore, StoreResult};
 use chrono::Utc;
 use serde::Serialize;
@@ -38,7 +40,7 @@ impl Pass {
     pub fn summary(&self, dry_run: bool) -> String {
         let rows: u64 = self.removed.values().sum();
         let mut line = format!(
-            "{} {} of {} runs older than the cut-off",
+            "{} {} of {} finished runs older than the cut-off",
             if dry_run { "would prune" } else { "pruned" },
             self.pruned,
             self.looked_at
@@ -119,42 +121,49 @@ pub async fn prune(
     };
     let mut pass = Pass::default();
     let mut removed = Removed::default();
-    let mut after = None;
-    loop {
-        let page = store.runs_changed_before(before, after, PAGE).await?;
-        let Some(last) = page.last() else { break };
-        after = Some((last.updated_at, last.id));
-        for run in page {
-            pass.looked_at += 1;
-            let (id, seen) = (run.id, run.updated_at);
-            let history = history(store, run).await?;
-            if let Some(why) = why_kept(&history, now) {
-                *pass.kept.entry(why.words().to_owned()).or_default() += 1;
-                continue;
-            }
-            if dry_run {
-                pass.pruned += 1;
-                continue;
-            }
-            if let Some(file) = file.as_mut() {
-                let line = serde_json::to_string(&history)?;
-                writeln!(file, "{line}")?;
-                // On disk before the rows go.
-                file.sync_data()?;
-            }
-            match store.remove_run(id, seen).await? {
-                Some(rows) => {
-                    pass.pruned += 1;
-                    removed.merge(&rows);
+    // Only finished runs can go; each status is paged on its own index.
+    for status in [RunStatus::Completed, RunStatus::Unwound] {
+        let mut after = None;
+        loop {
+            let page_started = Instant::now();
+            let page = store
+                .finished_runs_before(status, before, after, PAGE)
+                .await?;
+            let Some(last) = page.last() else { break };
+            after = Some((last.created_at, last.id));
+            for run in page {
+                pass.looked_at += 1;
+                let (id, seen) = (run.id, run.updated_at);
+                let history = history(store, run).await?;
+                if let Some(why) = why_kept(&history, now) {
+                    *pass.kept.entry(why.words().to_owned()).or_default() += 1;
+                    continue;
                 }
-                None => pass.changed += 1,
+                if dry_run {
+                    pass.pruned += 1;
+                    continue;
+                }
+                if let Some(file) = file.as_mut() {
+                    let line = serde_json::to_string(&history)?;
+                    writeln!(file, "{line}")?;
+                    // On disk before the rows go.
+                    file.sync_data()?;
+                }
+                match store.remove_run(id, seen).await? {
+                    Some(rows) => {
+                        pass.pruned += 1;
+                        removed.merge(&rows);
+                    }
+                    None => pass.changed += 1,
+                }
             }
+            pass.removed = removed.by_table.clone();
+            pass.seconds = started.elapsed().as_secs_f64();
+            progress(&pass);
+            // Between pages the log is the agents' alone, as long as the
+            // page took: a prune never holds more than half the writes.
+            tokio::time::sleep(page_started.elapsed()).await;
         }
-        pass.removed = removed.by_table.clone();
-        pass.seconds = started.elapsed().as_secs_f64();
-        progress(&pass);
-        // Between pages, agents' writes go first.
-        tokio::task::yield_now().await;
     }
     pass.removed = removed.by_table;
     pass.seconds = started.elapsed().as_secs_f64();

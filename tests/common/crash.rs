@@ -88,13 +88,16 @@ impl SagaStore for CrashingStore {
     async fn run(&self, id: Uuid) -> StoreResult<Option<Run>> {
         self.inner.run(id).await
     }
-    async fn runs_changed_before(
+    async fn finished_runs_before(
         &self,
+        status: RunStatus,
         before: chrono::DateTime<chrono::Utc>,
         after: Option<(chrono::DateTime<chrono::Utc>, Uuid)>,
         limit: i64,
     ) -> StoreResult<Vec<Run>> {
-        self.inner.runs_changed_before(before, after, limit).await
+        self.inner
+            .finished_runs_before(status, before, after, limit)
+            .await
     }
     async fn remove_run(
         &self,

@@ -124,27 +124,25 @@ fn the_readme_in_flight_table_is_generated_from_the_committed_results() {
     );
 }
 
-/// `bench --limits --quick` measures a step with and without limits on
-/// both backends and writes each figure and its ratio.
-#[test]
-fn the_quick_limits_benchmark_reports_both_variants() {
+/// Runs `bench MODE --quick` on both backends (SQLite alone without a
+/// PostgreSQL to use), checks that each of `keys` has a finite, positive
+/// median for each backend, and gives back the report.
+fn quick_ratio_bench(mode: &str, keys: &[&str]) -> Value {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let json = dir.path().join("limits.json");
+    let json = dir.path().join("report.json");
     let mut command = Command::new(env!("CARGO_BIN_EXE_saga-harness"));
     command
-        .args(["bench", "--limits", "--quick", "--json"])
+        .args(["bench", mode, "--quick", "--json"])
         .arg(&json)
         .env_remove("SAGA_BENCH_POSTGRES_URL");
     match std::env::var("SAGA_TEST_POSTGRES_URL") {
         Ok(url) => command.args(["--backend", "both", "--postgres-url", &url]),
         Err(_) => command.args(["--backend", "sqlite"]),
     };
-    let output = command
-        .output()
-        .expect("running saga-harness bench --limits");
+    let output = command.output().expect("running saga-harness bench");
     assert!(
         output.status.success(),
-        "bench --limits --quick failed:\n{}\n{}",
+        "bench {mode} --quick failed:\n{}\n{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
@@ -157,14 +155,7 @@ fn the_quick_limits_benchmark_reports_both_variants() {
         &["sqlite"]
     };
     for backend in backends {
-        for key in [
-            "limits.off.c1.p50_ms",
-            "limits.on.c1.p50_ms",
-            "limits.off.c8.per_s",
-            "limits.on.c8.per_s",
-            "limits.ratio.c1.p50",
-            "limits.ratio.c8.p50",
-        ] {
+        for key in keys {
             let median = report["figures"][format!("{backend}.{key}")]["median"].as_f64();
             assert!(
                 median.is_some_and(|m| m.is_finite() && m > 0.0),
@@ -172,8 +163,61 @@ fn the_quick_limits_benchmark_reports_both_variants() {
             );
         }
     }
+    report
+}
+
+/// `bench --limits --quick` measures a step with and without limits on
+/// both backends and writes each figure and its ratio.
+#[test]
+fn the_quick_limits_benchmark_reports_both_variants() {
+    let report = quick_ratio_bench(
+        "--limits",
+        &[
+            "limits.off.c1.p50_ms",
+            "limits.on.c1.p50_ms",
+            "limits.off.c8.per_s",
+            "limits.on.c8.per_s",
+            "limits.ratio.c1.p50",
+            "limits.ratio.c8.p50",
+        ],
+    );
     let table = saga_harness::bench::limits_table(&report);
     assert!(table.contains("30 steps alone"), "{table}");
+}
+
+/// `bench --prune --quick` times a prune of settled runs and a step alone
+/// and beside a prune, on both backends.
+#[test]
+fn the_quick_prune_benchmark_reports_the_rate_and_the_hot_path_beside_it() {
+    let report = quick_ratio_bench(
+        "--prune",
+        &[
+            "prune.s_per_million_saga_log_rows",
+            "prune.runs_per_s",
+            "prune.off.p50_ms",
+            "prune.on.p50_ms",
+            "prune.ratio.p50",
+        ],
+    );
+    let table = saga_harness::bench::prune_table(&report);
+    assert!(
+        table.contains("200 runs of 5 steps pruned per batch"),
+        "{table}"
+    );
+}
+
+/// benches/README.md's retention table is the committed `bench --prune`
+/// output: regenerate it with `saga-harness bench --prune-table
+/// benches/results/prune.json` after a new run.
+#[test]
+fn the_readme_retention_table_is_generated_from_the_committed_results() {
+    let report = committed("prune.json");
+    let readme = std::fs::read_to_string("benches/README.md").unwrap();
+    assert_eq!(
+        readme_region(&readme, "retention table", "prune.json"),
+        saga_harness::bench::prune_table(&report),
+        "benches/README.md's retention table differs from benches/results/prune.json"
+    );
 }
 
 /// benches/README.md's limits table is the committed `bench --limits`

@@ -4,7 +4,8 @@
 
 use crate::common;
 
-use saga_harness::saga::model::NewRun;
+use saga_harness::saga::model::{Actor, NewRun};
+use saga_harness::saga::status::RunStatus;
 use std::process::Output;
 
 async fn prune(args: &[&str]) -> Output {
@@ -28,15 +29,26 @@ fn said(output: &Output) -> String {
 async fn prune_says_what_it_kept_and_why_and_leaves_a_held_sqlite_log_alone() {
     let db = common::sqlite();
     let opened = saga_harness::store::open(&db.url).await.unwrap();
-    opened
-        .saga_store()
+    let store = opened.saga_store();
+    let (run, _) = store
         .create_run(NewRun {
             agent: "support-bot".into(),
             label: None,
-            purpose: "still working".into(),
+            purpose: "done today".into(),
         })
         .await
         .unwrap();
+    store
+        .move_run(
+            run.id,
+            RunStatus::Running,
+            RunStatus::Completed,
+            &Actor::Agent("support-bot".into()),
+            None,
+        )
+        .await
+        .unwrap();
+    drop(store);
     // While another process holds the file, prune is refused, and says why.
     let held = prune(&["--older-than", "1s", "--database-url", &db.url]).await;
     assert!(!held.status.success());
@@ -53,11 +65,15 @@ async fn prune_says_what_it_kept_and_why_and_leaves_a_held_sqlite_log_alone() {
     let dry = prune(&["--older-than", "1s", "--dry-run", "--database-url", &db.url]).await;
     assert!(dry.status.success(), "{}", said(&dry));
     assert!(
-        said(&dry).contains("would prune 0 of 1 runs older than the cut-off"),
+        said(&dry).contains("would prune 0 of 1 finished runs older than the cut-off"),
         "{}",
         said(&dry)
     );
-    assert!(said(&dry).contains("kept 1 not finished"), "{}", said(&dry));
+    assert!(
+        said(&dry).contains("kept 1 ended within a day (may still count against a limit)"),
+        "{}",
+        said(&dry)
+    );
     let real = prune(&[
         "--older-than",
         "1s",
@@ -69,7 +85,7 @@ async fn prune_says_what_it_kept_and_why_and_leaves_a_held_sqlite_log_alone() {
     .await;
     assert!(real.status.success(), "{}", said(&real));
     assert!(
-        said(&real).contains("pruned 0 of 1 runs"),
+        said(&real).contains("pruned 0 of 1 finished runs"),
         "{}",
         said(&real)
     );

@@ -229,10 +229,12 @@ pub trait SagaStore: Send + Sync + 'static {
     async fn run(&self, id: Uuid) -> StoreResult<Option<Run>>;
     /// Newest first.
     async fn list_runs(&self, limit: i64) -> StoreResult<Vec<Run>>;
-    /// Runs last changed before `before`, oldest first, after the keyset
-    /// `after` (their `updated_at` and id): the pruner's pages.
-    async fn runs_changed_before(
+    /// Runs in `status` last changed before `before`, in the order they
+    /// were created, after the keyset `after` (their `created_at` and id):
+    /// the pruner's pages.
+    async fn finished_runs_before(
         &self,
+        status: crate::status::RunStatus,
         before: chrono::DateTime<chrono::Utc>,
         after: Option<(chrono::DateTime<chrono::Utc>, Uuid)>,
         limit: i64,

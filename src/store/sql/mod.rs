@@ -470,25 +470,30 @@ macro_rules! saga_store_over_dialect {
                 Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::run_from).await
             }
 
-            async fn runs_changed_before(
+            async fn finished_runs_before(
                 &self,
+                status: RunStatus,
                 before: DateTime<Utc>,
                 after: Option<(DateTime<Utc>, Uuid)>,
                 limit: i64,
             ) -> StoreResult<Vec<Run>> {
-                // Keyset pages over (updated_at, id): a page costs the same
-                // however far the pruner has come.
+                // Keyset pages over the runs_by_status index (status,
+                // created_at): a page costs the same however far the pruner
+                // has come, and no index is kept on the last change, which
+                // every step moves.
                 let (at, id) = after
                     .map(|(at, id)| (Some(at), id.to_string()))
                     .unwrap_or((None, String::new()));
                 let query = Sql::<Self>::query(
-                    "SELECT * FROM runs WHERE updated_at < $1
-                       AND ($2 IS NULL OR updated_at > $2 OR (updated_at = $2 AND id > $3))
-                     ORDER BY updated_at, id LIMIT $4",
+                    "SELECT * FROM runs WHERE status = $1
+                       AND ($2 IS NULL OR created_at > $2 OR (created_at = $2 AND id > $3))
+                       AND updated_at < $4
+                     ORDER BY created_at, id LIMIT $5",
                 )
-                .bind(before)
+                .bind(status.as_str())
                 .bind(at)
                 .bind(id)
+                .bind(before)
                 .bind(limit);
                 Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::run_from).await
             }
@@ -498,7 +503,10 @@ macro_rules! saga_store_over_dialect {
                 run_id: Uuid,
                 seen: DateTime<Utc>,
             ) -> StoreResult<Option<crate::saga::retention::Removed>> {
-                let mut conn = self.write(Durability::Durable).await?;
+                // Lazy: a removal lost to a power cut is made again by the
+                // next pass (the archive may then hold the run twice), and
+                // the writer is held for no flush.
+                let mut conn = self.write(Durability::Lazy).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
                 let id = run_id.to_string();
                 // Only the run as it was read: one that moved since (a lead
