@@ -162,22 +162,13 @@ pub fn targets(figures: &Figures) -> Vec<(String, Option<f64>, f64)> {
 /// benches/README.md's limits table from a `bench --limits --json` report.
 pub fn markdown(report: &Value) -> String {
     let (alone, eight) = sizes(report["quick"].as_bool().unwrap_or(false));
-    let median = |key: &str| report["figures"][key]["median"].as_f64();
     let cell = |prefix: &str, at: &str| {
-        let get =
-            |variant: &str, what: &str| median(&format!("{prefix}.limits.{variant}.{at}.{what}"));
-        match (
-            get("off", "p50_ms"),
-            get("on", "p50_ms"),
-            median(&format!("{prefix}.limits.ratio.{at}.p50")),
-            get("off", "per_s"),
-            get("on", "per_s"),
-        ) {
-            (Some(off), Some(on), Some(ratio), Some(off_s), Some(on_s)) => {
-                format!("{off:.3} → {on:.3} ms (×{ratio:.2}); {off_s:.0} → {on_s:.0} steps/s")
-            }
-            _ => "not measured".to_owned(),
-        }
+        super::off_on_cell(
+            report,
+            &format!("{prefix}.limits.off.{at}"),
+            &format!("{prefix}.limits.on.{at}"),
+            &format!("{prefix}.limits.ratio.{at}.p50"),
+        )
     };
     let mut out = String::new();
     out.push_str("| one engine step, without limits → with a money and a calls limit | SQLite | PostgreSQL | target |\n");
@@ -192,12 +183,9 @@ pub fn markdown(report: &Value) -> String {
         cell("sqlite", "c8"),
         cell("postgres", "c8")
     ));
-    out.push_str(&format!(
-        "\nMeasured {} ({} build, {} rounds, medians; {} cores; {alone} steps alone and {eight} at eight runs per round and variant; usage kept across rounds).\n",
-        report["date"].as_str().unwrap_or("?").get(..10).unwrap_or("?"),
-        report["build"].as_str().unwrap_or("?"),
-        report["rounds"],
-        report["machine"]["cores"],
+    out.push_str(&super::measured_line(
+        report,
+        &format!("{alone} steps alone and {eight} at eight runs per round and variant; usage kept across rounds"),
     ));
     out
 }

@@ -394,6 +394,41 @@ impl RatioMode {
     }
 }
 
+/// A ratio mode's table cell from a report's medians: a step's p50 and
+/// steps/s alone (`off`) and beside the thing measured (`on`), and the
+/// p50 ratio, e.g. "0.705 → 0.714 ms (×1.01); 1386 → 1304 steps/s".
+fn off_on_cell(report: &Value, off: &str, on: &str, ratio: &str) -> String {
+    let median = |key: String| report["figures"][key]["median"].as_f64();
+    match (
+        median(format!("{off}.p50_ms")),
+        median(format!("{on}.p50_ms")),
+        median(ratio.to_owned()),
+        median(format!("{off}.per_s")),
+        median(format!("{on}.per_s")),
+    ) {
+        (Some(off), Some(on), Some(ratio), Some(off_s), Some(on_s)) => {
+            format!("{off:.3} → {on:.3} ms (×{ratio:.2}); {off_s:.0} → {on_s:.0} steps/s")
+        }
+        _ => "not measured".to_owned(),
+    }
+}
+
+/// The line under a ratio mode's table: when and how it was measured,
+/// then `sizes`.
+fn measured_line(report: &Value, sizes: &str) -> String {
+    format!(
+        "\nMeasured {} ({} build, {} rounds, medians; {} cores; {sizes}).\n",
+        report["date"]
+            .as_str()
+            .unwrap_or("?")
+            .get(..10)
+            .unwrap_or("?"),
+        report["build"].as_str().unwrap_or("?"),
+        report["rounds"],
+        report["machine"]["cores"],
+    )
+}
+
 /// `bench --limits` and `bench --prune`: see `limits` and `prune`.
 async fn run_ratio_mode(args: BenchArgs, mode: RatioMode) -> anyhow::Result<()> {
     if cfg!(debug_assertions) {

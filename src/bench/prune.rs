@@ -175,45 +175,36 @@ pub fn targets(figures: &Figures) -> Vec<(String, Option<f64>, f64)> {
 pub fn markdown(report: &Value) -> String {
     let (runs, timed) = sizes(report["quick"].as_bool().unwrap_or(false));
     let median = |key: &str| report["figures"][key]["median"].as_f64();
-    let cell = |prefix: &str, what: &str| -> String {
-        let get = |k: &str| median(&format!("{prefix}.prune.{k}"));
-        match what {
-            "rate" => match (get("s_per_million_saga_log_rows"), get("runs_per_s")) {
-                (Some(s), Some(r)) => format!("{s:.0} s per million saga_log rows ({r:.0} runs/s)"),
-                _ => "not measured".into(),
-            },
-            _ => match (
-                get("off.p50_ms"),
-                get("on.p50_ms"),
-                get("ratio.p50"),
-                get("off.per_s"),
-                get("on.per_s"),
-            ) {
-                (Some(off), Some(on), Some(ratio), Some(off_s), Some(on_s)) => {
-                    format!("{off:.3} → {on:.3} ms (×{ratio:.2}); {off_s:.0} → {on_s:.0} steps/s")
-                }
-                _ => "not measured".into(),
-            },
-        }
+    let rate = |prefix: &str| match (
+        median(&format!("{prefix}.prune.s_per_million_saga_log_rows")),
+        median(&format!("{prefix}.prune.runs_per_s")),
+    ) {
+        (Some(s), Some(r)) => format!("{s:.0} s per million saga_log rows ({r:.0} runs/s)"),
+        _ => "not measured".into(),
+    };
+    let hot = |prefix: &str| {
+        super::off_on_cell(
+            report,
+            &format!("{prefix}.prune.off"),
+            &format!("{prefix}.prune.on"),
+            &format!("{prefix}.prune.ratio.p50"),
+        )
     };
     let mut out = String::new();
     out.push_str("| retention | SQLite | PostgreSQL | target |\n|---|---|---|---|\n");
     out.push_str(&format!(
         "| pruning settled runs (archive off) | {} | {} | |\n",
-        cell("sqlite", "rate"),
-        cell("postgres", "rate")
+        rate("sqlite"),
+        rate("postgres")
     ));
     out.push_str(&format!(
         "| one run's step p50, alone → while a prune runs | {} | {} | p50 ≤ ×1.10 |\n",
-        cell("sqlite", "hot"),
-        cell("postgres", "hot")
+        hot("sqlite"),
+        hot("postgres")
     ));
-    out.push_str(&format!(
-        "\nMeasured {} ({} build, {} rounds, medians; {} cores; {runs} runs of {STEPS} steps pruned per batch, {timed} steps timed).\n",
-        report["date"].as_str().unwrap_or("?").get(..10).unwrap_or("?"),
-        report["build"].as_str().unwrap_or("?"),
-        report["rounds"],
-        report["machine"]["cores"],
+    out.push_str(&super::measured_line(
+        report,
+        &format!("{runs} runs of {STEPS} steps pruned per batch, {timed} steps timed"),
     ));
     out
 }

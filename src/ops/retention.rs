@@ -1,15 +1,16 @@
-//! `saga-harness prune`: settled history leaves the saga log, in pages
-//! of runs, each run removed in its own short transaction so agents' calls
-//! never wait long behind it, and after each page a pause as long as the
-//! page took; with `--archive`, each run is first written
-//! as one JSON line (its steps, compensations, approvals and their
-//! messages, corrections and audit lines) and flushed to disk.
+//! `saga-harness prune`: settled history leaves the saga log in pages of
+//! runs, each page read with one query per table, its runs removed a few
+//! at a time in short transactions so agents' calls never wait long behind
+//! one, and after each page a pause as long as the page took; with
+//! `--archive`, each run is first written as one JSON line (its steps,
+//! compensations, approvals and their messages, corrections and audit
+//! lines) and the page's lines flushed to disk.
 //!
 //! Which runs may go is `saga::retention::why_kept`'s to say.
 
 use crate::saga::retention::{why_kept, Removed, RunHistory};
 use crate::saga::status::RunStatus;
-use crate::saga::store::{SagaStore, StoreResult};
+use crate::saga::store::SagaStore;
 use chrono::Utc;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -17,8 +18,12 @@ use std::io::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// Runs read (and at most removed) per page.
+/// Runs read (and at most removed) per page: each table is read once
+/// for the whole page.
 pub const PAGE: i64 = 100;
+/// Runs removed per transaction: short enough that an agent's write
+/// waiting behind one waits a few milliseconds.
+pub const REMOVED_TOGETHER: usize = 20;
 
 /// What one pass did.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -71,31 +76,6 @@ impl Pass {
     }
 }
 
-/// Everything the log holds about `run`.
-pub async fn history(
-    store: &dyn SagaStore,
-    run: crate::saga::model::Run,
-) -> StoreResult<RunHistory> {
-    let steps = store.steps(run.id).await?;
-    let compensations = store.compensations(run.id).await?;
-    let approvals = store.approvals(run.id).await?;
-    let mut notices = Vec::new();
-    for approval in &approvals {
-        notices.extend(store.notices(approval.id).await?);
-    }
-    let corrections = store.corrections(run.id).await?;
-    let events = store.events(Some(run.id), i64::MAX).await?;
-    Ok(RunHistory {
-        run,
-        steps,
-        compensations,
-        approvals,
-        notices,
-        corrections,
-        events,
-    })
-}
-
 /// Prunes runs last changed more than `older_than` before `now` that
 /// nothing can still move; `archive` gets each one's line first.
 /// `progress` hears about every page.
@@ -111,10 +91,7 @@ pub async fn prune(
     let before = now - chrono::Duration::from_std(older_than)?;
     let mut file = match archive {
         Some(path) if !dry_run => Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
+            open_archive(path)
                 .map_err(|e| anyhow::anyhow!("opening the archive {}: {e}", path.display()))?,
         ),
         _ => None,
@@ -131,31 +108,34 @@ pub async fn prune(
                 .await?;
             let Some(last) = page.last() else { break };
             after = Some((last.created_at, last.id));
-            for run in page {
-                pass.looked_at += 1;
-                let (id, seen) = (run.id, run.updated_at);
-                let history = history(store, run).await?;
-                if let Some(why) = why_kept(&history, now) {
-                    *pass.kept.entry(why.words().to_owned()).or_default() += 1;
-                    continue;
+            pass.looked_at += page.len() as u64;
+            let mut going = Vec::new();
+            for history in store.histories(page).await? {
+                match why_kept(&history, now) {
+                    Some(why) => *pass.kept.entry(why.words().to_owned()).or_default() += 1,
+                    None => going.push(history),
                 }
-                if dry_run {
-                    pass.pruned += 1;
-                    continue;
+            }
+            if dry_run {
+                pass.pruned += going.len() as u64;
+                going.clear();
+            }
+            if let (Some(file), false) = (file.as_mut(), going.is_empty()) {
+                for history in &going {
+                    writeln!(file, "{}", serde_json::to_string(history)?)?;
                 }
-                if let Some(file) = file.as_mut() {
-                    let line = serde_json::to_string(&history)?;
-                    writeln!(file, "{line}")?;
-                    // On disk before the rows go.
-                    file.sync_data()?;
-                }
-                match store.remove_run(id, seen).await? {
-                    Some(rows) => {
-                        pass.pruned += 1;
-                        removed.merge(&rows);
-                    }
-                    None => pass.changed += 1,
-                }
+                // On disk before the rows go.
+                file.sync_data()?;
+            }
+            for together in going.chunks(REMOVED_TOGETHER) {
+                let seen: Vec<_> = together
+                    .iter()
+                    .map(|h| (h.run.id, h.run.updated_at))
+                    .collect();
+                let (gone, rows) = store.remove_runs(&seen).await?;
+                pass.pruned += gone.len() as u64;
+                pass.changed += (seen.len() - gone.len()) as u64;
+                removed.merge(&rows);
             }
             pass.removed = removed.by_table.clone();
             pass.seconds = started.elapsed().as_secs_f64();
@@ -168,6 +148,39 @@ pub async fn prune(
     pass.removed = removed.by_table;
     pass.seconds = started.elapsed().as_secs_f64();
     Ok(pass)
+}
+
+/// Opens an archive to append to. A last line a crash cut short is cut
+/// off first, so the next line starts on its own: its run is still in the
+/// log (rows go only once their line is on disk), and this pass writes it
+/// again.
+fn open_archive(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(path)?;
+    let mut end = file.metadata()?.len();
+    let mut whole = end;
+    let mut chunk = vec![0u8; 64 * 1024];
+    while end > 0 {
+        let start = end.saturating_sub(chunk.len() as u64);
+        let read = &mut chunk[..(end - start) as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(read)?;
+        if let Some(newline) = read.iter().rposition(|&b| b == b'\n') {
+            whole = start + newline as u64 + 1;
+            break;
+        }
+        end = start;
+        whole = start;
+    }
+    if whole < file.metadata()?.len() {
+        file.set_len(whole)?;
+        file.sync_data()?;
+    }
+    Ok(file)
 }
 
 /// The runs of an archive, one per line, as `prune --archive` wrote them.

@@ -99,12 +99,17 @@ impl SagaStore for CrashingStore {
             .finished_runs_before(status, before, after, limit)
             .await
     }
-    async fn remove_run(
+    async fn histories(
         &self,
-        run_id: Uuid,
-        seen: chrono::DateTime<chrono::Utc>,
-    ) -> StoreResult<Option<saga_harness::saga::retention::Removed>> {
-        self.inner.remove_run(run_id, seen).await
+        runs: Vec<Run>,
+    ) -> StoreResult<Vec<saga_harness::saga::retention::RunHistory>> {
+        self.inner.histories(runs).await
+    }
+    async fn remove_runs(
+        &self,
+        runs: &[(Uuid, chrono::DateTime<chrono::Utc>)],
+    ) -> StoreResult<(Vec<Uuid>, saga_harness::saga::retention::Removed)> {
+        self.write(self.inner.remove_runs(runs)).await
     }
     async fn list_runs(&self, limit: i64) -> StoreResult<Vec<Run>> {
         self.inner.list_runs(limit).await

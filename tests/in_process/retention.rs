@@ -6,15 +6,18 @@
 use crate::common;
 
 use chrono::{Duration as Days, Utc};
+use common::crash::CrashingStore;
 use common::world::{World, TOOLS};
-use saga_harness::ops::retention::{history, prune, read_archive, Pass};
+use saga_harness::ops::retention::{prune, read_archive, Pass, REMOVED_TOGETHER};
 use saga_harness::saga::engine::Engine;
 use saga_harness::saga::model::{Actor, NewRun, Run, Via};
 use saga_harness::saga::pivot::PlannedCall;
 use saga_harness::saga::registry::Registry;
+use saga_harness::saga::retention::RunHistory;
 use saga_harness::saga::status::RunStatus;
 use saga_harness::saga::store::SagaStore;
 use serde_json::json;
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,6 +65,76 @@ impl Setup {
         self.engine.complete(AGENT, run.id).await.unwrap()
     }
 
+    /// A run that charged a card and was unwound by a lead: a
+    /// compensation, and a correction nobody has signed off yet.
+    async fn unwound_with_a_correction(&self) -> Run {
+        let run = self.run("charge then unwind").await;
+        self.engine
+            .call(
+                AGENT,
+                run.id,
+                "charge_card",
+                json!({"amount": 900, "receipt": false}),
+                Some(0),
+            )
+            .await
+            .unwrap();
+        let unwound = self
+            .engine
+            .unwind(
+                run.id,
+                &Actor::User("dana".into()),
+                "charged the wrong card",
+            )
+            .await
+            .unwrap();
+        assert_eq!(unwound.status, RunStatus::Unwound);
+        assert!(!self.store.corrections(run.id).await.unwrap().is_empty());
+        unwound
+    }
+
+    /// A run that held an amount on a card, then was completed by an
+    /// approved pivot that charged without capturing the hold.
+    async fn completed_by_a_pivot(&self) -> Run {
+        let run = self.run("hold then charge").await;
+        self.engine
+            .call(
+                AGENT,
+                run.id,
+                "authorize_card",
+                json!({"amount": 300}),
+                Some(0),
+            )
+            .await
+            .unwrap();
+        let pivot = self
+            .engine
+            .propose_pivot(
+                AGENT,
+                run.id,
+                "charge",
+                vec![PlannedCall {
+                    tool: "charge_card".into(),
+                    args: json!({"amount": 300}),
+                }],
+            )
+            .await
+            .unwrap();
+        let done = self
+            .engine
+            .decide_pivot(
+                pivot.id,
+                &pivot.digest,
+                true,
+                &Actor::User("dana".into()),
+                Via::Dashboard,
+            )
+            .await
+            .unwrap();
+        assert_eq!(done.status, RunStatus::Completed);
+        done
+    }
+
     /// A pass `later` than now.
     async fn prune(&self, later: Days, older_than: Duration, archive: Option<&Path>) -> Pass {
         prune(
@@ -77,11 +150,28 @@ impl Setup {
     }
 }
 
+/// A run's history read table by table with the run page's own reads:
+/// what the pruner's one read per table for a page must equal.
+async fn read_one_by_one(store: &dyn SagaStore, id: uuid::Uuid) -> RunHistory {
+    let approvals = store.approvals(id).await.unwrap();
+    let mut notices = Vec::new();
+    for approval in &approvals {
+        notices.extend(store.notices(approval.id).await.unwrap());
+    }
+    RunHistory {
+        run: store.run(id).await.unwrap().unwrap(),
+        steps: store.steps(id).await.unwrap(),
+        compensations: store.compensations(id).await.unwrap(),
+        approvals,
+        notices,
+        corrections: store.corrections(id).await.unwrap(),
+        events: store.events(Some(id), i64::MAX).await.unwrap(),
+    }
+}
+
 async fn a_settled_run_is_archived_then_removed_and_reads_back_from_its_line(s: Setup) {
     let run = s.completed().await;
-    let before = history(&*s.store, s.store.run(run.id).await.unwrap().unwrap())
-        .await
-        .unwrap();
+    let before = read_one_by_one(&*s.store, run.id).await;
     assert!(!before.events.is_empty(), "the run has audit lines");
     let dir = tempfile::tempdir().unwrap();
     let archive = dir.path().join("archive.jsonl");
@@ -131,66 +221,10 @@ async fn prune_keeps_every_run_something_can_still_move(s: Setup) {
         .await
         .unwrap();
     // Unwound, with a correction nobody has signed off yet.
-    let corrected = s.run("charge then unwind").await;
-    s.engine
-        .call(
-            AGENT,
-            corrected.id,
-            "charge_card",
-            json!({"amount": 900, "receipt": false}),
-            Some(0),
-        )
-        .await
-        .unwrap();
-    let unwound = s
-        .engine
-        .unwind(
-            corrected.id,
-            &Actor::User("dana".into()),
-            "charged the wrong card",
-        )
-        .await
-        .unwrap();
-    assert_eq!(unwound.status, RunStatus::Unwound);
-    assert!(!s.store.corrections(corrected.id).await.unwrap().is_empty());
+    let corrected = s.unwound_with_a_correction().await;
     // Completed by a pivot that charged without capturing its hold: the
     // authorisation is still open on the card for a week.
-    let held = s.run("hold then charge").await;
-    s.engine
-        .call(
-            AGENT,
-            held.id,
-            "authorize_card",
-            json!({"amount": 300}),
-            Some(0),
-        )
-        .await
-        .unwrap();
-    let pivot = s
-        .engine
-        .propose_pivot(
-            AGENT,
-            held.id,
-            "charge",
-            vec![PlannedCall {
-                tool: "charge_card".into(),
-                args: json!({"amount": 300}),
-            }],
-        )
-        .await
-        .unwrap();
-    let done = s
-        .engine
-        .decide_pivot(
-            pivot.id,
-            &pivot.digest,
-            true,
-            &Actor::User("dana".into()),
-            Via::Dashboard,
-        )
-        .await
-        .unwrap();
-    assert_eq!(done.status, RunStatus::Completed);
+    let held = s.completed_by_a_pivot().await;
 
     // Half a day on, with any age allowed: every finished run is kept,
     // each for its reason; the unfinished one is not even looked at.
@@ -236,6 +270,98 @@ async fn a_run_that_changed_after_it_was_read_is_not_removed(s: Setup) {
     assert!(s.store.run(run.id).await.unwrap().is_none());
 }
 
+async fn a_page_read_with_one_query_per_table_equals_each_run_read_alone(s: Setup) {
+    let runs = vec![
+        s.completed().await,
+        s.unwound_with_a_correction().await,
+        s.run("not started").await,
+        s.completed_by_a_pivot().await,
+    ];
+    let mut alone = Vec::new();
+    for run in &runs {
+        alone.push(read_one_by_one(&*s.store, run.id).await);
+    }
+    let page = s.store.histories(runs).await.unwrap();
+    assert_eq!(page, alone);
+    assert!(!page[1].compensations.is_empty() && !page[1].corrections.is_empty());
+    assert!(page[2].steps.is_empty() && !page[2].events.is_empty());
+    assert!(!page[3].approvals.is_empty());
+}
+
+async fn removing_several_runs_leaves_the_ones_that_changed_since_they_were_read(s: Setup) {
+    let (first, moved, last) = (
+        s.completed().await,
+        s.completed().await,
+        s.completed().await,
+    );
+    let (gone, rows) = s
+        .store
+        .remove_runs(&[
+            (first.id, first.updated_at),
+            (moved.id, moved.updated_at - Days::seconds(1)),
+            (last.id, last.updated_at),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(gone, vec![first.id, last.id]);
+    assert_eq!((rows.by_table["runs"], rows.by_table["saga_log"]), (2, 2));
+    assert!(s.store.run(first.id).await.unwrap().is_none());
+    assert!(s.store.run(last.id).await.unwrap().is_none());
+    assert_eq!(s.store.steps(moved.id).await.unwrap().len(), 1);
+}
+
+async fn a_pass_cut_off_midway_loses_no_run_and_the_next_pass_finishes(s: Setup) {
+    let mut ids = Vec::new();
+    for _ in 0..REMOVED_TOGETHER * 3 {
+        ids.push(s.completed().await.id);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive.jsonl");
+    // The database goes away just after the second removal commits.
+    let dying = CrashingStore::new(s.store.clone(), Some(1), true);
+    let later = Utc::now() + Days::days(100);
+    let cut = prune(&dying, later, NINETY_DAYS, Some(&archive), false, |_| {}).await;
+    assert!(cut.is_err(), "the pass stops with the database");
+    let archived = |path: &Path| -> HashSet<uuid::Uuid> {
+        read_archive(&std::fs::read_to_string(path).unwrap())
+            .unwrap()
+            .into_iter()
+            .map(|history| history.run.id)
+            .collect()
+    };
+    let mut left = HashSet::new();
+    for id in &ids {
+        if s.store.run(*id).await.unwrap().is_some() {
+            left.insert(*id);
+        } else {
+            assert!(
+                archived(&archive).contains(id),
+                "a removed run is in the archive"
+            );
+        }
+    }
+    assert_eq!(left.len(), REMOVED_TOGETHER, "two removals committed");
+
+    let pass = s.prune(Days::days(100), NINETY_DAYS, Some(&archive)).await;
+    assert_eq!(pass.pruned as usize, REMOVED_TOGETHER);
+    for id in &ids {
+        assert!(s.store.run(*id).await.unwrap().is_none());
+    }
+    assert_eq!(archived(&archive), ids.iter().copied().collect());
+}
+
+async fn a_last_archive_line_cut_short_by_a_crash_is_cut_off_before_the_next_pass_writes(s: Setup) {
+    let run = s.completed().await;
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive.jsonl");
+    std::fs::write(&archive, "{\"run\":{\"id\":\"").unwrap();
+    let pass = s.prune(Days::days(100), NINETY_DAYS, Some(&archive)).await;
+    assert_eq!(pass.pruned, 1);
+    let lines = read_archive(&std::fs::read_to_string(&archive).unwrap()).unwrap();
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0].run.id, run.id);
+}
+
 async fn pages_go_oldest_first_and_reach_every_old_run(s: Setup) {
     let mut ids = Vec::new();
     for _ in 0..(saga_harness::ops::retention::PAGE + 5) {
@@ -254,4 +380,8 @@ common::on_both_backends!(
     prune_keeps_every_run_something_can_still_move,
     a_run_that_changed_after_it_was_read_is_not_removed,
     pages_go_oldest_first_and_reach_every_old_run,
+    a_page_read_with_one_query_per_table_equals_each_run_read_alone,
+    removing_several_runs_leaves_the_ones_that_changed_since_they_were_read,
+    a_pass_cut_off_midway_loses_no_run_and_the_next_pass_finishes,
+    a_last_archive_line_cut_short_by_a_crash_is_cut_off_before_the_next_pass_writes,
 );

@@ -1,6 +1,7 @@
 //! `saga-harness prune` as an operator runs it: what it says it kept and
-//! why, a SQLite log it may not touch while a harness holds it, and a bad
-//! age refused before anything is read.
+//! why, a SQLite log it may not touch while a harness holds it, a bad age
+//! refused before anything is read, and a pass killed midway that loses
+//! no run.
 
 use crate::common;
 
@@ -113,4 +114,106 @@ async fn a_bad_age_is_refused_before_the_log_is_opened() {
         "{}",
         said(&zero)
     );
+}
+
+/// Seeds `n` completed runs that ended two days ago, on a SQLite log.
+async fn ended_two_days_ago(url: &str, n: usize) -> Vec<uuid::Uuid> {
+    use sqlx::Connection as _;
+    let opened = saga_harness::store::open(url).await.unwrap();
+    let store = opened.saga_store();
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let (run, _) = store
+            .create_run(NewRun {
+                agent: "support-bot".into(),
+                label: None,
+                purpose: format!("done long ago #{i}"),
+            })
+            .await
+            .unwrap();
+        store
+            .move_run(
+                run.id,
+                RunStatus::Running,
+                RunStatus::Completed,
+                &Actor::Agent("support-bot".into()),
+                None,
+            )
+            .await
+            .unwrap();
+        ids.push(run.id);
+    }
+    drop(store);
+    drop(opened);
+    let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+    sqlx::query("UPDATE runs SET updated_at = ?")
+        .bind(chrono::Utc::now() - chrono::Duration::days(2))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    ids
+}
+
+#[tokio::test]
+async fn a_prune_killed_midway_loses_no_run_and_the_next_one_finishes() {
+    use tokio::io::AsyncBufReadExt as _;
+    let db = common::sqlite();
+    let ids = ended_two_days_ago(&db.url, 450).await;
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive.jsonl");
+    let args = [
+        "prune",
+        "--older-than",
+        "1d",
+        "--archive",
+        archive.to_str().unwrap(),
+        "--database-url",
+        &db.url,
+    ];
+    let mut first = tokio::process::Command::new(env!("CARGO_BIN_EXE_saga-harness"))
+        .args(args)
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Killed (SIGKILL) a moment after its first page, while it works on
+    // the next.
+    let mut lines = tokio::io::BufReader::new(first.stderr.take().unwrap()).lines();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        if line.starts_with('…') {
+            break;
+        }
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(15)).await;
+    first.kill().await.unwrap();
+
+    let opened = saga_harness::store::open(&db.url).await.unwrap();
+    let store = opened.saga_store();
+    let archived = || {
+        saga_harness::ops::retention::read_archive(&std::fs::read_to_string(&archive).unwrap())
+            .expect("every line of the archive reads back")
+            .into_iter()
+            .map(|history| history.run.id)
+            .collect::<std::collections::HashSet<_>>()
+    };
+    let mut left = 0;
+    for id in &ids {
+        if store.run(*id).await.unwrap().is_some() {
+            left += 1;
+        } else {
+            assert!(archived().contains(id), "a removed run is in the archive");
+        }
+    }
+    assert!(left > 0 && left < ids.len(), "killed midway: {left} left");
+    drop(store);
+    drop(opened);
+
+    let second = prune(&args[1..]).await;
+    assert!(second.status.success(), "{}", said(&second));
+    assert!(
+        said(&second).contains(&format!("pruned {left} of {left} finished runs")),
+        "{}",
+        said(&second)
+    );
+    assert_eq!(archived(), ids.into_iter().collect());
 }

@@ -239,15 +239,28 @@ pub trait SagaStore: Send + Sync + 'static {
         after: Option<(chrono::DateTime<chrono::Utc>, Uuid)>,
         limit: i64,
     ) -> StoreResult<Vec<Run>>;
-    /// Removes a run and everything about it (steps, compensations,
+    /// Everything the log holds about each of these runs (a page of the
+    /// pruner's), in their order, with one read per table however many
+    /// runs there are.
+    async fn histories(&self, runs: Vec<Run>) -> StoreResult<Vec<crate::retention::RunHistory>>;
+    /// Removes runs and everything about them (steps, compensations,
     /// approvals and their messages, corrections, audit lines, limit
-    /// usage) in one transaction, unless it changed since it was read with
-    /// `updated_at == seen`; `None` then. Counts the rows removed.
+    /// usage) in one transaction, except those changed since they were
+    /// read: each comes with the `updated_at` it was read with. Says which
+    /// were removed, and counts the rows.
+    async fn remove_runs(
+        &self,
+        runs: &[(Uuid, chrono::DateTime<chrono::Utc>)],
+    ) -> StoreResult<(Vec<Uuid>, crate::retention::Removed)>;
+    /// `remove_runs` for one run: `None` when it changed since it was read.
     async fn remove_run(
         &self,
         run_id: Uuid,
         seen: chrono::DateTime<chrono::Utc>,
-    ) -> StoreResult<Option<crate::retention::Removed>>;
+    ) -> StoreResult<Option<crate::retention::Removed>> {
+        let (gone, rows) = self.remove_runs(&[(run_id, seen)]).await?;
+        Ok((!gone.is_empty()).then_some(rows))
+    }
     /// One page of runs for people: those awaiting approval (a pivot, or a
     /// held single step) first, then those needing a person, then the rest,
     /// newest first; optionally only one status.

@@ -498,68 +498,177 @@ macro_rules! saga_store_over_dialect {
                 Sql::<Self>::all(&mut *self.read_conn().await?, query, Sql::<Self>::run_from).await
             }
 
-            async fn remove_run(
+            async fn histories(
                 &self,
-                run_id: Uuid,
-                seen: DateTime<Utc>,
-            ) -> StoreResult<Option<crate::saga::retention::Removed>> {
+                runs: Vec<Run>,
+            ) -> StoreResult<Vec<crate::saga::retention::RunHistory>> {
+                use std::collections::HashMap;
+                if runs.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let ids: Vec<String> = runs.iter().map(|r| r.id.to_string()).collect();
+                let list = placeholders(1, ids.len());
+                let mut conn = self.read_conn().await?;
+                // Each table once for the whole page, in the order a
+                // run's own reads use, then dealt out by run.
+                macro_rules! by_run {
+                    ($sql:expr, $from:expr) => {
+                        by_run!($sql, $from, row => Some(row.run_id))
+                    };
+                    ($sql:expr, $from:expr, $row:ident => $run:expr) => {{
+                        let sql = format!($sql, list = list);
+                        let mut query = Sql::<Self>::query(&sql);
+                        for id in &ids {
+                            query = query.bind(id);
+                        }
+                        let mut rows: HashMap<Uuid, Vec<_>> = HashMap::new();
+                        for $row in Sql::<Self>::all(&mut *conn, query, $from).await? {
+                            if let Some(run) = $run {
+                                rows.entry(run).or_default().push($row);
+                            }
+                        }
+                        rows
+                    }};
+                }
+                let mut steps = by_run!(
+                    "SELECT * FROM saga_log WHERE run_id IN ({list}) ORDER BY run_id, step_idx",
+                    Sql::<Self>::step_from
+                );
+                let mut compensations = by_run!(
+                    "SELECT * FROM compensations WHERE run_id IN ({list})
+                       ORDER BY created_at, step_idx",
+                    Sql::<Self>::compensation_from
+                );
+                let mut approvals = by_run!(
+                    "SELECT * FROM approvals WHERE run_id IN ({list}) ORDER BY id",
+                    Sql::<Self>::approval_from
+                );
+                let mut notices = by_run!(
+                    "SELECT * FROM approval_notices WHERE run_id IN ({list})
+                       ORDER BY approval_id, created_at",
+                    Sql::<Self>::notice_from
+                );
+                let mut corrections = by_run!(
+                    "SELECT * FROM corrections WHERE run_id IN ({list}) ORDER BY rank DESC, id",
+                    Sql::<Self>::correction_from
+                );
+                let mut events = by_run!(
+                    "SELECT * FROM events WHERE run_id IN ({list}) ORDER BY id",
+                    Sql::<Self>::event_from,
+                    event => event.run_id
+                );
+                Ok(runs
+                    .into_iter()
+                    .map(|run| {
+                        let id = run.id;
+                        crate::saga::retention::RunHistory {
+                            run,
+                            steps: steps.remove(&id).unwrap_or_default(),
+                            compensations: compensations.remove(&id).unwrap_or_default(),
+                            approvals: approvals.remove(&id).unwrap_or_default(),
+                            notices: notices.remove(&id).unwrap_or_default(),
+                            corrections: corrections.remove(&id).unwrap_or_default(),
+                            events: events.remove(&id).unwrap_or_default(),
+                        }
+                    })
+                    .collect())
+            }
+
+            async fn remove_runs(
+                &self,
+                runs: &[(Uuid, DateTime<Utc>)],
+            ) -> StoreResult<(Vec<Uuid>, crate::saga::retention::Removed)> {
+                let mut removed = crate::saga::retention::Removed::default();
+                if runs.is_empty() {
+                    return Ok((Vec::new(), removed));
+                }
                 // Lazy: a removal lost to a power cut is made again by the
                 // next pass (the archive may then hold the run twice), and
                 // the writer is held for no flush.
                 let mut conn = self.write(Durability::Lazy).await?;
                 let mut tx = conn.begin().await.map_err(db)?;
-                let id = run_id.to_string();
-                // Only the run as it was read: one that moved since (a lead
+                // Only runs as they were read: one that moved since (a lead
                 // unwinding a completed run) stays.
-                let unchanged = Sql::<Self>::query(
-                    "UPDATE runs SET updated_at = updated_at WHERE id = $1 AND updated_at = $2",
-                )
-                .bind(&id)
-                .bind(seen)
-                .execute(&mut *tx)
-                .await
-                .map_err(db)?;
-                if unchanged.rows_affected() == 0 {
-                    return Ok(None);
+                let sql = format!(
+                    "UPDATE runs SET updated_at = updated_at WHERE {} RETURNING id",
+                    (0..runs.len())
+                        .map(|i| format!("(id = ${} AND updated_at = ${})", 2 * i + 1, 2 * i + 2))
+                        .collect::<Vec<_>>()
+                        .join(" OR ")
+                );
+                let mut query = Sql::<Self>::query(&sql);
+                for (id, seen) in runs {
+                    query = query.bind(id.to_string()).bind(*seen);
                 }
-                // Amounts the limit totals still hold for this run's calls
-                // (rows no sweep has reached) leave with it, as a sweep would
-                // have taken them; its per-run totals go too.
-                Sql::<Self>::query(concat!(
-                    "UPDATE limit_totals SET used = used - coalesce((
-                         SELECT sum(u.amount) FROM limit_usage u
-                         JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
-                         WHERE u.run_id = $1 AND u.scope = limit_totals.scope
-                           AND u.at > limit_totals.swept_at AND s.status IN ",
-                    crate::store::sql::counted_sql!(),
-                    "), 0)
-                     WHERE scope IN (SELECT scope FROM limit_usage WHERE run_id = $1)"
-                ))
-                .bind(&id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db)?;
-                let mut removed = crate::saga::retention::Removed::default();
+                let unchanged: std::collections::HashSet<String> = query
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(|row| Sql::<Self>::text(row, "id"))
+                    .collect::<StoreResult<_>>()?;
+                // In the order given.
+                let gone: Vec<Uuid> = runs
+                    .iter()
+                    .map(|(id, _)| *id)
+                    .filter(|id| unchanged.contains(&id.to_string()))
+                    .collect();
+                if gone.is_empty() {
+                    return Ok((Vec::new(), removed));
+                }
+                let ids: Vec<String> = gone.iter().map(Uuid::to_string).collect();
+                let list = placeholders(1, ids.len());
+                // Amounts the limit totals still hold for these runs' calls
+                // (rows no sweep has reached) leave with them, as a sweep
+                // would have taken them; their per-run totals go too (a
+                // per-run scope ends in its run's id, and has usage rows of
+                // that run).
+                let mut statements = vec![(
+                    None,
+                    format!(
+                        concat!(
+                            "UPDATE limit_totals SET used = used - coalesce((
+                                 SELECT sum(u.amount) FROM limit_usage u
+                                 JOIN saga_log s ON s.run_id = u.run_id AND s.step_idx = u.step_idx
+                                 WHERE u.run_id IN ({list}) AND u.scope = limit_totals.scope
+                                   AND u.at > limit_totals.swept_at AND s.status IN ",
+                            crate::store::sql::counted_sql!(),
+                            "), 0)
+                             WHERE scope IN (SELECT scope FROM limit_usage WHERE run_id IN ({list}))"
+                        ),
+                        list = list
+                    ),
+                )];
                 for (table, sql) in [
-                    ("limit_totals", "DELETE FROM limit_totals WHERE scope LIKE '%|run:' || $1"),
-                    ("limit_usage", "DELETE FROM limit_usage WHERE run_id = $1"),
-                    ("approval_notices", "DELETE FROM approval_notices WHERE run_id = $1"),
-                    ("corrections", "DELETE FROM corrections WHERE run_id = $1"),
-                    ("compensations", "DELETE FROM compensations WHERE run_id = $1"),
-                    ("events", "DELETE FROM events WHERE run_id = $1"),
-                    ("approvals", "DELETE FROM approvals WHERE run_id = $1"),
-                    ("saga_log", "DELETE FROM saga_log WHERE run_id = $1"),
-                    ("runs", "DELETE FROM runs WHERE id = $1"),
+                    (
+                        "limit_totals",
+                        "DELETE FROM limit_totals WHERE scope IN (
+                             SELECT u.scope FROM limit_usage u
+                             WHERE u.run_id IN ({list}) AND u.scope LIKE '%|run:' || u.run_id)",
+                    ),
+                    ("limit_usage", "DELETE FROM limit_usage WHERE run_id IN ({list})"),
+                    ("approval_notices", "DELETE FROM approval_notices WHERE run_id IN ({list})"),
+                    ("corrections", "DELETE FROM corrections WHERE run_id IN ({list})"),
+                    ("compensations", "DELETE FROM compensations WHERE run_id IN ({list})"),
+                    ("events", "DELETE FROM events WHERE run_id IN ({list})"),
+                    ("approvals", "DELETE FROM approvals WHERE run_id IN ({list})"),
+                    ("saga_log", "DELETE FROM saga_log WHERE run_id IN ({list})"),
+                    ("runs", "DELETE FROM runs WHERE id IN ({list})"),
                 ] {
-                    let done = Sql::<Self>::query(sql)
-                        .bind(&id)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                    removed.add(table, done.rows_affected());
+                    statements.push((Some(table), sql.replace("{list}", &list)));
+                }
+                for (table, sql) in &statements {
+                    let mut query = Sql::<Self>::query(sql);
+                    for id in &ids {
+                        query = query.bind(id);
+                    }
+                    let done = query.execute(&mut *tx).await.map_err(db)?;
+                    if let Some(table) = table {
+                        removed.add(table, done.rows_affected());
+                    }
                 }
                 Sql::<Self>::commit(tx).await?;
-                Ok(Some(removed))
+                Ok((gone, removed))
             }
 
             async fn runs_page(
