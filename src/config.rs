@@ -169,6 +169,11 @@ pub struct BenchArgs {
     /// saga_log rows, and one run's step p50 alone and while a prune runs.
     #[arg(long)]
     pub prune: bool,
+    /// With --prune: also time the steps beside a prune of a log grown to
+    /// about this many saga_log rows (copies of engine-made runs, written
+    /// in bulk), e.g. 10000000. Off unless set.
+    #[arg(long, value_name = "ROWS", requires = "prune")]
+    pub prune_log_rows: Option<u64>,
     /// Print the README's retention table from a report `--prune --json`
     /// wrote, and exit.
     #[arg(long, value_name = "JSON")]

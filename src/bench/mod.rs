@@ -266,7 +266,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if args.in_flight {
-        return run_in_flight(args).await;
+        return run_ratio_mode(args, RatioMode::InFlight).await;
     }
     if args.limits {
         return run_ratio_mode(args, RatioMode::Limits).await;
@@ -358,11 +358,13 @@ pub fn prune_table(report: &Value) -> String {
 }
 
 /// The modes that measure one path with and without something beside it
-/// and report the ratio: `--limits` and `--prune`.
+/// (limits, a prune, thousands of calls in flight) and report the ratio:
+/// `--limits`, `--prune` and `--in-flight`.
 #[derive(Clone, Copy)]
 enum RatioMode {
     Limits,
     Prune,
+    InFlight,
 }
 
 impl RatioMode {
@@ -370,6 +372,14 @@ impl RatioMode {
         match self {
             RatioMode::Limits => "limits",
             RatioMode::Prune => "prune",
+            RatioMode::InFlight => "in-flight",
+        }
+    }
+
+    fn default_rounds(self) -> usize {
+        match self {
+            RatioMode::InFlight => 3,
+            RatioMode::Limits | RatioMode::Prune => 5,
         }
     }
 
@@ -377,12 +387,16 @@ impl RatioMode {
         self,
         target: &mut Target,
         rounds: usize,
-        quick: bool,
+        args: &BenchArgs,
         figures: &mut Figures,
     ) -> anyhow::Result<()> {
+        let quick = args.quick;
         match self {
             RatioMode::Limits => limits::measure(target, rounds, quick, figures).await,
-            RatioMode::Prune => prune::measure(target, rounds, quick, figures).await,
+            RatioMode::Prune => {
+                prune::measure(target, rounds, quick, args.prune_log_rows, figures).await
+            }
+            RatioMode::InFlight => in_flight::measure(target, rounds, figures).await,
         }
     }
 
@@ -390,6 +404,7 @@ impl RatioMode {
         match self {
             RatioMode::Limits => limits::targets(figures),
             RatioMode::Prune => prune::targets(figures),
+            RatioMode::InFlight => in_flight::targets(figures),
         }
     }
 }
@@ -429,17 +444,20 @@ fn measured_line(report: &Value, sizes: &str) -> String {
     )
 }
 
-/// `bench --limits` and `bench --prune`: see `limits` and `prune`.
+/// `bench --limits`, `--prune` and `--in-flight`: see `limits`, `prune`
+/// and `in_flight`.
 async fn run_ratio_mode(args: BenchArgs, mode: RatioMode) -> anyhow::Result<()> {
     if cfg!(debug_assertions) {
         eprintln!("bench: this is a debug build; the figures that matter come from --release");
     }
-    let rounds = args.rounds.unwrap_or(5);
+    if let RatioMode::InFlight = mode {
+        // Thousands of connections at once: the client's, the simulators'.
+        crate::serving::raise_open_file_limit();
+    }
+    let rounds = args.rounds.unwrap_or(mode.default_rounds());
     let mut figures = Figures::default();
     for mut target in targets(&args)? {
-        let measured = mode
-            .measure(&mut target, rounds, args.quick, &mut figures)
-            .await;
+        let measured = mode.measure(&mut target, rounds, &args, &mut figures).await;
         target.clean_up().await?;
         measured?;
     }
@@ -460,48 +478,6 @@ async fn run_ratio_mode(args: BenchArgs, mode: RatioMode) -> anyhow::Result<()> 
             "date": chrono::Utc::now().to_rfc3339(),
             "mode": mode.name(),
             "quick": args.quick,
-            "machine": machine(),
-            "build": if cfg!(debug_assertions) { "debug" } else { "release" },
-            "rounds": rounds,
-            "figures": figures.all().iter().map(|f| (f.key.clone(), f.to_json())).collect::<Map<_, _>>(),
-            "targets": verdicts,
-            "notes": figures.notes,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("bench: wrote {}", path.display());
-    }
-    Ok(())
-}
-
-/// `bench --in-flight`: see `in_flight`.
-async fn run_in_flight(args: BenchArgs) -> anyhow::Result<()> {
-    if cfg!(debug_assertions) {
-        eprintln!("bench: this is a debug build; the figures that matter come from --release");
-    }
-    // Thousands of connections at once: the client's, the simulators'.
-    crate::serving::raise_open_file_limit();
-    let rounds = args.rounds.unwrap_or(3);
-    let mut figures = Figures::default();
-    for mut target in targets(&args)? {
-        let measured = in_flight::measure(&mut target, rounds, &mut figures).await;
-        target.clean_up().await?;
-        measured?;
-    }
-    let verdicts: Vec<Verdict> = in_flight::targets(&figures)
-        .into_iter()
-        .map(|(target, value, at_most)| Verdict {
-            hit: value.map(|v| v <= at_most),
-            target,
-            ratio: value,
-            bound: format!("≤ {at_most}"),
-        })
-        .collect();
-    print_table(&figures, &verdicts);
-    if let Some(path) = &args.json {
-        let report = json!({
-            "date": chrono::Utc::now().to_rfc3339(),
-            "mode": "in-flight",
             "machine": machine(),
             "build": if cfg!(debug_assertions) { "debug" } else { "release" },
             "rounds": rounds,
@@ -658,7 +634,10 @@ fn print_table(figures: &Figures, verdicts: &[Verdict]) {
     if !figures.notes.is_empty() {
         println!();
         for (key, why) in &figures.notes {
-            println!("{key}: {}", why.as_str().unwrap_or_default());
+            match why.as_str() {
+                Some(words) => println!("{key}: {words}"),
+                None => println!("{key}: {why}"),
+            }
         }
     }
     println!();

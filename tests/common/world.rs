@@ -522,3 +522,20 @@ connector = "warehouse.reship"
 settle_ms = 0
 compensation = { tool = "cancel_shipment", args = { shipment_key = "{key}" } }
 "#;
+
+/// A new run of `agent`'s, without a label.
+pub async fn new_run(
+    store: &dyn SagaStore,
+    agent: &str,
+    purpose: &str,
+) -> saga_harness::saga::model::Run {
+    store
+        .create_run(saga_harness::saga::model::NewRun {
+            agent: agent.into(),
+            label: None,
+            purpose: purpose.into(),
+        })
+        .await
+        .expect("a run")
+        .0
+}

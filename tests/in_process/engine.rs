@@ -7,7 +7,7 @@ use crate::common;
 use common::world::{Fault, Witness, World, TOOLS};
 use saga_harness::saga::connector::Connector;
 use saga_harness::saga::engine::{Engine, OutcomeKind, Refusal};
-use saga_harness::saga::model::{Actor, NewRun, NewStep, Run, Via};
+use saga_harness::saga::model::{Actor, NewStep, Run, Via};
 use saga_harness::saga::pivot::PlannedCall;
 use saga_harness::saga::registry::Registry;
 use saga_harness::saga::status::{ApprovalStatus, RunStatus, StepStatus};
@@ -61,15 +61,7 @@ impl Setup {
     }
 
     async fn run(&self) -> Run {
-        self.store
-            .create_run(NewRun {
-                agent: AGENT.into(),
-                label: None,
-                purpose: "refund a double charge".into(),
-            })
-            .await
-            .unwrap()
-            .0
+        common::world::new_run(&*self.store, AGENT, "refund a double charge").await
     }
 }
 

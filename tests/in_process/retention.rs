@@ -10,7 +10,7 @@ use common::crash::CrashingStore;
 use common::world::{World, TOOLS};
 use saga_harness::ops::retention::{prune, read_archive, Pass, REMOVED_TOGETHER};
 use saga_harness::saga::engine::Engine;
-use saga_harness::saga::model::{Actor, NewRun, Run, Via};
+use saga_harness::saga::model::{Actor, Run, Via};
 use saga_harness::saga::pivot::PlannedCall;
 use saga_harness::saga::registry::Registry;
 use saga_harness::saga::retention::RunHistory;
@@ -38,15 +38,7 @@ fn setup(store: Arc<dyn SagaStore>) -> Setup {
 
 impl Setup {
     async fn run(&self, purpose: &str) -> Run {
-        self.store
-            .create_run(NewRun {
-                agent: AGENT.into(),
-                label: None,
-                purpose: purpose.into(),
-            })
-            .await
-            .unwrap()
-            .0
+        common::world::new_run(&*self.store, AGENT, purpose).await
     }
 
     /// A run that opened a ticket and was completed by its agent.

@@ -1546,6 +1546,68 @@ async fn an_upstream_tool_with_a_lookup_settles_each_unknown_by_asking_and_unwin
     assert_eq!(closed, expected, "each ticket closed once, newest first");
 }
 
+/// The lookup itself fails: the desk makes a ticket and answers too late,
+/// then the first lookup hangs past the timeout and the second finds the
+/// desk gone (its process dies). Each time the step stays unknown and
+/// nothing is sent again; the third lookup, to a desk started again,
+/// settles it. One ticket on the desk's ledger.
+#[tokio::test]
+async fn an_upstream_lookup_that_hangs_or_finds_the_server_gone_leaves_the_step_unknown_and_sends_nothing_again(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.jsonl");
+    let faults = dir.path().join("faults.json");
+    std::fs::write(
+        &faults,
+        r#"{"create_ticket": ["timeout"], "find_ticket": ["hang", "drop"]}"#,
+    )
+    .unwrap();
+    let h = start_with(
+        common::sqlite(),
+        &ticket_desk(&ledger, &faults, DESK_LOOKUP),
+    )
+    .await;
+    let (_, created) = h.api("/runs", Some(json!({"purpose": "one ticket"}))).await;
+    let run = created["run"]["id"].as_str().unwrap().to_owned();
+    let mut outcomes = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    let answer = loop {
+        let (status, answer) = h
+            .api(
+                &format!("/runs/{run}/calls"),
+                Some(json!({"tool": "open_desk_ticket", "args": {"summary": "Kettle broken"}, "step": 0})),
+            )
+            .await;
+        assert_eq!(status, 200, "{answer}");
+        outcomes.push(answer["outcome"].as_str().unwrap_or_default().to_owned());
+        if answer["outcome"] == "confirmed" || std::time::Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    };
+    assert_eq!(answer["outcome"], "confirmed", "{outcomes:?}: {answer}");
+    assert_eq!(answer["external_ref"], "TCK-1", "{answer}");
+    assert!(
+        outcomes.iter().filter(|o| *o == "unknown").count() >= 2,
+        "unknown while the lookups failed: {outcomes:?}"
+    );
+    assert!(
+        !faults_left(&faults).contains("hang") && !faults_left(&faults).contains("drop"),
+        "both lookup faults were met: {}",
+        faults_left(&faults)
+    );
+    let key = answer["key"].as_str().unwrap().to_owned();
+    assert_eq!(
+        desk_ledger(&ledger),
+        vec![("ticket.created".to_owned(), key)],
+        "one ticket, never sent again"
+    );
+}
+
+fn faults_left(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
 /// A lookup the desk cannot answer, a JSONPath that does not parse, a key
 /// argument the tool does not take: the harness does not start, and says
 /// which server, tool and field.

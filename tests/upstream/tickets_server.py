@@ -6,10 +6,13 @@ again still knows its tickets, and it has no idempotency of its own: a
 second create is a second ticket.
 
 Faults come from a JSON file the test writes:
-  {"create_ticket": ["drop", "timeout"], "search_lag_ms": 1500}
-each entry used once, in order, by the next create:
-  drop     the ticket is made, then the process dies before answering
+  {"create_ticket": ["drop", "timeout"], "find_ticket": ["hang", "drop"],
+   "search_lag_ms": 1500}
+each entry used once, in order, by the next call of that tool:
+  drop     (create) the ticket is made, then the process dies before
+           answering; (find) the process dies before answering
   timeout  the ticket is made, then the answer comes ten seconds later
+  hang     (find) the answer comes ten seconds later
 and `search_lag_ms` hides a new ticket from find_ticket that long.
 
 Stdio transport: tickets_server.py LEDGER_FILE [FAULTS_FILE].
@@ -98,6 +101,11 @@ async def create_ticket(summary: str, external_id: str) -> dict[str, Any]:
 @server.tool(structured_output=True)
 async def find_ticket(external_id: str) -> dict[str, Any]:
     """Finds the ticket opened with this external id (search lags)."""
+    fault = next_fault("find_ticket")
+    if fault == "drop":
+        os._exit(3)
+    if fault == "hang":
+        await asyncio.sleep(10)
     lag = faults().get("search_lag_ms", 0) / 1000
     for ticket in tickets().values():
         if ticket["external_id"] == external_id and time.time() - ticket["created_at"] >= lag:

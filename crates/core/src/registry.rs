@@ -1813,6 +1813,15 @@ mod tests {
     }
 }
 
+/// The registry `text` makes, or its start-up refusals as they read.
+#[cfg(test)]
+fn read_or_refusals(text: &str) -> Result<Registry, Vec<String>> {
+    Registry::from_toml(text).map_err(|e| match e {
+        RegistryError::Mistakes(found) => found.iter().map(|m| m.to_string()).collect(),
+        other => vec![other.to_string()],
+    })
+}
+
 #[cfg(test)]
 mod limits_tests {
     use super::*;
@@ -1844,11 +1853,9 @@ mod limits_tests {
     "#;
 
     fn mistakes(limits: &str) -> Vec<String> {
-        match Registry::from_toml(&format!("{TOOLS}\n{limits}")) {
-            Ok(_) => Vec::new(),
-            Err(RegistryError::Mistakes(found)) => found.iter().map(|m| m.to_string()).collect(),
-            Err(other) => vec![other.to_string()],
-        }
+        read_or_refusals(&format!("{TOOLS}\n{limits}"))
+            .err()
+            .unwrap_or_default()
     }
 
     #[test]
@@ -1976,12 +1983,7 @@ mod limits_tests {
                 "connector = \"smtp.send\"\nmoney = { amount = \"subject\" }",
                 1,
             );
-        let found = match Registry::from_toml(&text) {
-            Err(RegistryError::Mistakes(found)) => {
-                found.iter().map(|m| m.to_string()).collect::<Vec<_>>()
-            }
-            other => panic!("{other:?}"),
-        };
+        let found = read_or_refusals(&text).expect_err("refused");
         for wanted in [
             "tool `refund`, field `money.amount`: names argument `total`, which the tool does not have",
             "tool `refund`, field `money.currency_is`: `xyz` is not an ISO 4217",
@@ -2008,13 +2010,7 @@ mod retention_tests {
     "#;
 
     fn read(section: &str) -> Result<Option<RetentionPolicy>, Vec<String>> {
-        match Registry::from_toml(&format!("{TOOL}\n{section}")) {
-            Ok(registry) => Ok(registry.retention().cloned()),
-            Err(RegistryError::Mistakes(found)) => {
-                Err(found.iter().map(|m| m.to_string()).collect())
-            }
-            Err(other) => Err(vec![other.to_string()]),
-        }
+        read_or_refusals(&format!("{TOOL}\n{section}")).map(|r| r.retention().cloned())
     }
 
     #[test]
