@@ -386,16 +386,9 @@ pub fn markdown(report: &Value) -> String {
         cell("postgres", 3, THREE_INSTANCES)
     ));
     let note = report["notes"]["postgres.in_flight"].as_str().unwrap_or("");
-    out.push_str(&format!(
-        "\nMeasured {} ({} build, {} rounds, medians; {} cores; PostgreSQL: {note}).\n",
-        report["date"]
-            .as_str()
-            .unwrap_or("?")
-            .get(..10)
-            .unwrap_or("?"),
-        report["build"].as_str().unwrap_or("?"),
-        report["rounds"],
-        report["machine"]["cores"],
+    out.push_str(&super::measured_line(
+        report,
+        &format!("PostgreSQL: {note}"),
     ));
     out
 }

@@ -109,14 +109,8 @@ pub async fn measure(
         // The hot path, without and with a prune beside it.
         seed(&path, runs).await?;
         for variant in ["off", "on"] {
-            let beside = (variant == "on").then(|| {
-                let store = store.clone();
-                tokio::spawn(async move { prune_all(&*store).await })
-            });
-            let run = path.new_run().await?;
-            let started = Instant::now();
-            let latencies = path.steps_on(run, "noop_looked_up", timed).await?;
-            let per_s = latencies.len() as f64 / started.elapsed().as_secs_f64();
+            let (latencies, per_s, beside) =
+                timed_steps(&path, &store, variant == "on", timed).await?;
             let pruning = beside.as_ref().is_some_and(|task| !task.is_finished());
             if let Some(task) = beside {
                 let pass = task.await??;
@@ -166,6 +160,27 @@ pub async fn measure(
     Ok(())
 }
 
+type PruneTask = tokio::task::JoinHandle<anyhow::Result<crate::ops::retention::Pass>>;
+
+/// `timed` steps of one new run, with a prune started beside them or not:
+/// each step's latency in ms, steps/s, and the prune, still going or not.
+async fn timed_steps(
+    path: &EnginePath,
+    store: &std::sync::Arc<dyn crate::saga::store::SagaStore>,
+    beside_a_prune: bool,
+    timed: usize,
+) -> anyhow::Result<(Vec<f64>, f64, Option<PruneTask>)> {
+    let beside = beside_a_prune.then(|| {
+        let store = store.clone();
+        tokio::spawn(async move { prune_all(&*store).await })
+    });
+    let run = path.new_run().await?;
+    let started = Instant::now();
+    let latencies = path.steps_on(run, "noop_looked_up", timed).await?;
+    let per_s = latencies.len() as f64 / started.elapsed().as_secs_f64();
+    Ok((latencies, per_s, beside))
+}
+
 /// One run's steps alone and beside a prune of a log of about `rows`
 /// saga_log rows; the prune is stopped once the steps are timed.
 async fn beside_a_long_log(
@@ -194,14 +209,8 @@ async fn beside_a_long_log(
         let store = opened.saga_store();
         let path = EnginePath::new(store.clone())?;
         for variant in ["off", "on"] {
-            let beside = (variant == "on").then(|| {
-                let store = store.clone();
-                tokio::spawn(async move { prune_all(&*store).await })
-            });
-            let run = path.new_run().await?;
-            let started = Instant::now();
-            let latencies = path.steps_on(run, "noop_looked_up", timed).await?;
-            let per_s = latencies.len() as f64 / started.elapsed().as_secs_f64();
+            let (latencies, per_s, beside) =
+                timed_steps(&path, &store, variant == "on", timed).await?;
             if let Some(task) = beside {
                 anyhow::ensure!(
                     !task.is_finished(),
@@ -261,6 +270,15 @@ async fn grow(url: &str, postgres: bool, rows: u64) -> anyhow::Result<u64> {
     } else {
         Bulk::Sqlite(sqlx::SqliteConnection::connect(url).await?)
     };
+    // Scratch data: no flush per commit, and SQLite's page cache large
+    // enough for indexes that take random ids (without it, each copy
+    // reads its index pages back from the file and growth slows tenfold).
+    bulk.run(if postgres {
+        "SET synchronous_commit = off;"
+    } else {
+        "PRAGMA synchronous = OFF; PRAGMA cache_size = -4000000;"
+    })
+    .await?;
     bulk.run(
         "CREATE TABLE bench_templates (id TEXT PRIMARY KEY);
          INSERT INTO bench_templates SELECT id FROM runs;",
@@ -323,8 +341,10 @@ async fn grow(url: &str, postgres: bool, rows: u64) -> anyhow::Result<u64> {
     bulk.count("SELECT count(*) FROM saga_log").await
 }
 
-/// The target: a step's p50 while a prune runs at most 1.10 times without,
-/// beside the seeded batch and, when measured, beside a long log.
+/// The targets: a step's p50 while a prune runs at most 1.10 times
+/// without, and steps/s at least 0.90 times (said as without ÷ with, at
+/// most 1/0.90), beside the seeded batch and, when measured, beside a long
+/// log.
 pub fn targets(figures: &Figures) -> Vec<(String, Option<f64>, f64)> {
     let mut out = Vec::new();
     for prefix in ["sqlite", "postgres"] {
@@ -332,12 +352,20 @@ pub fn targets(figures: &Figures) -> Vec<(String, Option<f64>, f64)> {
             ("prune", "while pruning"),
             ("prune.log", "beside a long log's prune"),
         ] {
+            let ratio = |what: &str| {
+                figures
+                    .get(&format!("{prefix}.{at}.ratio.{what}"))
+                    .and_then(|f| f.median())
+            };
             out.push((
                 format!("{prefix}: step p50 {said} ÷ without"),
-                figures
-                    .get(&format!("{prefix}.{at}.ratio.p50"))
-                    .and_then(|f| f.median()),
+                ratio("p50"),
                 1.10,
+            ));
+            out.push((
+                format!("{prefix}: steps/s without ÷ {said}"),
+                ratio("per_s").map(|r| 1.0 / r),
+                (1.0f64 / 0.90 * 100.0).round() / 100.0,
             ));
         }
     }
@@ -371,7 +399,7 @@ pub fn markdown(report: &Value) -> String {
         rate("postgres")
     ));
     out.push_str(&format!(
-        "| one run's step p50, alone → while a prune runs | {} | {} | p50 ≤ ×1.10 |\n",
+        "| one run's steps, alone → while a prune runs | {} | {} | p50 ≤ ×1.10, steps/s ≥ ×0.90 |\n",
         hot("sqlite"),
         hot("postgres")
     ));
@@ -396,7 +424,7 @@ pub fn markdown(report: &Value) -> String {
             None => "not measured".into(),
         };
         out.push_str(&format!(
-            "| one run's step p50, alone → beside a prune of a long log | {} | {} | p50 ≤ ×1.10 |\n",
+            "| one run's steps, alone → beside a prune of a long log | {} | {} | p50 ≤ ×1.10, steps/s ≥ ×0.90 |\n",
             beside("sqlite"),
             beside("postgres")
         ));

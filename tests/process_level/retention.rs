@@ -26,16 +26,13 @@ fn said(output: &Output) -> String {
     )
 }
 
-#[tokio::test]
-async fn prune_says_what_it_kept_and_why_and_leaves_a_held_sqlite_log_alone() {
-    let db = common::sqlite();
-    let opened = saga_harness::store::open(&db.url).await.unwrap();
-    let store = opened.saga_store();
+/// A run completed by its agent now, with no steps.
+async fn completed(store: &dyn saga_harness::saga::store::SagaStore, purpose: &str) -> uuid::Uuid {
     let (run, _) = store
         .create_run(NewRun {
             agent: "support-bot".into(),
             label: None,
-            purpose: "done today".into(),
+            purpose: purpose.into(),
         })
         .await
         .unwrap();
@@ -49,6 +46,15 @@ async fn prune_says_what_it_kept_and_why_and_leaves_a_held_sqlite_log_alone() {
         )
         .await
         .unwrap();
+    run.id
+}
+
+#[tokio::test]
+async fn prune_says_what_it_kept_and_why_and_leaves_a_held_sqlite_log_alone() {
+    let db = common::sqlite();
+    let opened = saga_harness::store::open(&db.url).await.unwrap();
+    let store = opened.saga_store();
+    completed(&*store, "done today").await;
     drop(store);
     // While another process holds the file, prune is refused, and says why.
     let held = prune(&["--older-than", "1s", "--database-url", &db.url]).await;
@@ -123,25 +129,7 @@ async fn ended_two_days_ago(url: &str, n: usize) -> Vec<uuid::Uuid> {
     let store = opened.saga_store();
     let mut ids = Vec::new();
     for i in 0..n {
-        let (run, _) = store
-            .create_run(NewRun {
-                agent: "support-bot".into(),
-                label: None,
-                purpose: format!("done long ago #{i}"),
-            })
-            .await
-            .unwrap();
-        store
-            .move_run(
-                run.id,
-                RunStatus::Running,
-                RunStatus::Completed,
-                &Actor::Agent("support-bot".into()),
-                None,
-            )
-            .await
-            .unwrap();
-        ids.push(run.id);
+        ids.push(completed(&*store, &format!("done long ago #{i}")).await);
     }
     drop(store);
     drop(opened);

@@ -26,9 +26,7 @@ pub struct PlannedCall {
     pub args: Value,
 }
 
-/// Authorisations expire after about 7 days: a pivot left pending longer
-/// would commit against holds that are gone.
-pub const AUTHORISATION_LIFETIME: chrono::Duration = chrono::Duration::days(7);
+pub use super::class::AUTHORISATION_LIFETIME;
 
 use super::resend::SENDS;
 

@@ -8,9 +8,8 @@
 //! draft) is still open, and it ended more than a day ago, so that none of
 //! its calls still count against a rolling limit.
 
-use crate::class::{Phase, ToolClass};
+use crate::class::{Phase, ToolClass, AUTHORISATION_LIFETIME};
 use crate::model::{Approval, Compensation, Correction, Event, Notice, NoticeStatus, Run, Step};
-use crate::pivot::AUTHORISATION_LIFETIME;
 use crate::status::{ApprovalStatus, CorrectionStatus, StepStatus};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
