@@ -73,6 +73,7 @@ impl Audience {
 /// Authorisations expire after about 7 days: a pivot left pending longer
 /// would commit against holds that are gone, and a hold staged before the
 /// pivot is open that long.
+#[cfg(feature = "engine")]
 pub const AUTHORISATION_LIFETIME: chrono::Duration = chrono::Duration::days(7);
 
 /// Which side of the pivot a step ran on.
