@@ -447,6 +447,7 @@ impl ScriptedAgent {
         ScriptedAgent {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))
+                .pool_idle_timeout(crate::serving::CLIENT_POOL_IDLE)
                 .build()
                 .expect("a client with static settings builds"),
             base: base.to_owned(),

@@ -3,7 +3,8 @@
 //!
 //! - a new connection has `header_timeout` to send its first request's
 //!   headers (whatever protocol it speaks: a half-sent HTTP/2 preface is
-//!   cut off like a half-sent HTTP/1 request line);
+//!   cut off like a half-sent HTTP/1 request line), and a kept-alive one
+//!   as long from the first byte of each later request;
 //! - each request has `body_timeout` in all to send its whole body, not
 //!   per frame, so one byte a second does not keep it alive;
 //! - a connection with no request in progress for `idle_timeout` is closed
@@ -126,11 +127,13 @@ impl Drop for ClientSlot {
 }
 
 /// What a connection's watchdog reads: whether a request has begun, how
-/// many are in progress, and since when none has been.
+/// many are in progress, since when none has been, and when bytes of a
+/// next request began to arrive while none was.
 struct Activity {
     started: std::sync::atomic::AtomicBool,
     in_progress: AtomicUsize,
     idle_since: Mutex<Instant>,
+    heard_since: Mutex<Option<Instant>>,
     changed: tokio::sync::Notify,
 }
 
@@ -140,6 +143,7 @@ impl Activity {
             started: Default::default(),
             in_progress: AtomicUsize::new(0),
             idle_since: Mutex::new(Instant::now()),
+            heard_since: Mutex::new(None),
             changed: tokio::sync::Notify::new(),
         })
     }
@@ -147,8 +151,23 @@ impl Activity {
     fn begin(self: &Arc<Self>) -> InProgress {
         self.started.store(true, Ordering::SeqCst);
         self.in_progress.fetch_add(1, Ordering::SeqCst);
+        *lock(&self.heard_since) = None;
         self.changed.notify_one();
         InProgress(self.clone())
+    }
+
+    /// Bytes arrived. On a kept-alive connection with nothing in progress
+    /// they begin the next request, whose headers then have
+    /// `header_timeout` to arrive whole.
+    fn heard(&self) {
+        if !self.started.load(Ordering::SeqCst) || self.in_progress.load(Ordering::SeqCst) > 0 {
+            return;
+        }
+        let mut heard = lock(&self.heard_since);
+        if heard.is_none() {
+            *heard = Some(Instant::now());
+            self.changed.notify_one();
+        }
     }
 
     /// When this connection may be closed for doing nothing, if it is
@@ -160,8 +179,100 @@ impl Activity {
         if self.in_progress.load(Ordering::SeqCst) > 0 {
             return None;
         }
-        let since = *self.idle_since.lock().unwrap_or_else(|p| p.into_inner());
-        Some(since + limits.idle_timeout)
+        let idle = *lock(&self.idle_since) + limits.idle_timeout;
+        Some(match *lock(&self.heard_since) {
+            Some(heard) => idle.min(heard + limits.header_timeout),
+            None => idle,
+        })
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A connection's stream, telling its watchdog when bytes of an HTTP/1
+/// request arrive. (An HTTP/2 connection's idle frames, PINGs and window
+/// updates, begin no request; its requests are streams the watchdog
+/// already sees.)
+struct Heard {
+    stream: tokio::net::TcpStream,
+    activity: Arc<Activity>,
+    /// The connection's first bytes, until they tell HTTP/1 from HTTP/2.
+    opening: Vec<u8>,
+    http1: Option<bool>,
+}
+
+impl Heard {
+    fn new(stream: tokio::net::TcpStream, activity: Arc<Activity>) -> Heard {
+        Heard {
+            stream,
+            activity,
+            opening: Vec::new(),
+            http1: None,
+        }
+    }
+
+    fn arrived(&mut self, bytes: &[u8]) {
+        const HTTP2: &[u8] = b"PRI ";
+        if self.http1.is_none() {
+            let wanted = HTTP2.len() - self.opening.len();
+            self.opening
+                .extend_from_slice(&bytes[..wanted.min(bytes.len())]);
+            if !HTTP2.starts_with(&self.opening) {
+                self.http1 = Some(true);
+            } else if self.opening.len() == HTTP2.len() {
+                self.http1 = Some(false);
+            }
+        }
+        if self.http1 == Some(true) {
+            self.activity.heard();
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for Heard {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.arrived(&buf.filled()[before..]);
+        }
+        read
+    }
+}
+
+impl tokio::io::AsyncWrite for Heard {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -172,7 +283,7 @@ struct InProgress(Arc<Activity>);
 impl Drop for InProgress {
     fn drop(&mut self) {
         if self.0.in_progress.fetch_sub(1, Ordering::SeqCst) == 1 {
-            *self.0.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+            *lock(&self.0.idle_since) = Instant::now();
         }
         self.0.changed.notify_one();
     }
@@ -236,10 +347,14 @@ pub async fn serve(
     let per_client = Arc::new(PerClient::default());
     let (stopping, _) = tokio::sync::watch::channel(false);
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // Headers' deadlines are the watchdog's (`Activity`): hyper's own
+    // would start when a kept-alive connection falls idle, and so close
+    // it after `header_timeout` of idling, racing a client's pool that
+    // reuses it within `idle_timeout`.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
+        .header_read_timeout(None);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -310,6 +425,13 @@ pub async fn serve(
     Ok(())
 }
 
+/// How long the harness's own clients of its API (the benchmark, the eval,
+/// the demo's agent) keep an idle pooled connection: well under the
+/// server's idle timeout, so a reused connection is never one the server
+/// is closing at that moment. (The server tells HTTP/1.1 clients its idle
+/// timeout in `Keep-Alive`; this client library does not read it.)
+pub const CLIENT_POOL_IDLE: Duration = Duration::from_secs(5);
+
 /// How long a connection asked to close may take to finish what it is
 /// sending before it is dropped.
 const CLOSING_GRACE: Duration = Duration::from_secs(1);
@@ -327,10 +449,19 @@ impl Connection {
         let activity = Activity::new();
         let router = self.router.clone();
         let body_timeout = self.limits.body_timeout;
+        // Told to HTTP/1.1 clients, whose pools then retire a connection
+        // before the server closes it rather than racing the close.
+        let keep_alive = hyper::header::HeaderValue::from_str(&format!(
+            "timeout={}",
+            self.limits.idle_timeout.as_secs()
+        ))
+        .expect("digits are a header value");
         let watched = activity.clone();
         let service = hyper::service::service_fn(
             move |mut request: hyper::Request<hyper::body::Incoming>| {
                 let in_progress = watched.begin();
+                let http11 = request.version() == hyper::Version::HTTP_11;
+                let keep_alive = keep_alive.clone();
                 request
                     .extensions_mut()
                     .insert(ConnectInfo::<SocketAddr>(remote));
@@ -343,7 +474,13 @@ impl Connection {
                 });
                 let answered = router.clone().oneshot(request);
                 async move {
-                    let response = answered.await?;
+                    let mut response = answered.await?;
+                    if http11 {
+                        response.headers_mut().insert(
+                            hyper::header::HeaderName::from_static("keep-alive"),
+                            keep_alive,
+                        );
+                    }
                     // In progress until the answer's body is sent or dropped
                     // (an event stream stays in progress while it is open).
                     Ok::<_, std::convert::Infallible>(response.map(move |body| {
@@ -355,9 +492,10 @@ impl Connection {
                 }
             },
         );
-        let connection = self
-            .builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service);
+        let connection = self.builder.serve_connection_with_upgrades(
+            TokioIo::new(Heard::new(stream, activity.clone())),
+            service,
+        );
         tokio::pin!(connection);
         let why_closed = loop {
             let deadline = activity.idle_deadline(&self.limits, accepted);

@@ -76,7 +76,9 @@ impl FullPath {
             _sims: sims,
             api,
             token,
-            client: reqwest::Client::new(),
+            client: reqwest::Client::builder()
+                .pool_idle_timeout(crate::serving::CLIENT_POOL_IDLE)
+                .build()?,
             stop: Some(stop),
             served: Some(served),
             sent: 0,

@@ -156,6 +156,7 @@ impl Scenario {
             token,
             http: reqwest::Client::builder()
                 .pool_max_idle_per_host(usize::MAX)
+                .pool_idle_timeout(crate::serving::CLIENT_POOL_IDLE)
                 .timeout(Duration::from_secs(120))
                 .build()?,
             tools,

@@ -27,6 +27,7 @@ impl Lead {
             http: reqwest::Client::builder()
                 .cookie_store(true)
                 .redirect(reqwest::redirect::Policy::none())
+                .pool_idle_timeout(crate::serving::CLIENT_POOL_IDLE)
                 .timeout(Duration::from_secs(10))
                 .build()
                 .expect("a client with static settings builds"),

@@ -1604,6 +1604,10 @@ async fn runs_are_found_by_label_purpose_agent_or_an_argument(store: Store) {
     assert_eq!(found("0%").await, vec![percent.id]);
     assert!(found("ticket_7").await.is_empty());
     assert_eq!(found("  ").await.len(), 3, "a blank search finds every run");
+    // No stored text holds a NUL (PostgreSQL keeps none): a search with
+    // one finds nothing rather than failing.
+    assert!(found("ticket\0").await.is_empty());
+    assert!(found("\0").await.is_empty());
     // The status filter and the search together.
     let running = store
         .runs_page(Some(RunStatus::Unwound), "ticket", 0, 10)

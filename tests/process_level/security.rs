@@ -274,6 +274,68 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off() {
     );
 }
 
+/// A client's pool reuses a kept-alive connection after a pause: the
+/// pause is bounded by the idle timeout, not by the header timeout (which
+/// runs from the next request's first byte). A second request that stops
+/// halfway through its headers is still cut off by the header timeout.
+#[tokio::test]
+async fn a_kept_alive_connection_waits_the_idle_timeout_and_a_half_sent_next_request_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let db = common::sqlite();
+    let launch = Launch::new(&db.url, None)
+        .env("SAGA_REQUEST_TIMEOUT_SECS", "1")
+        .env("SAGA_IDLE_TIMEOUT_SECS", "30");
+    let harness = TestProcess::start(&launch).await;
+    let address = harness.base.trim_start_matches("http://").to_owned();
+    const HEALTH: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    /// Reads one answer to `/healthz` (its body is short and sent whole).
+    async fn answer(stream: &mut tokio::net::TcpStream) -> String {
+        let mut buf = [0u8; 4096];
+        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
+            Ok(Ok(n)) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+            Ok(Err(err)) => format!("read failed: {err}"),
+            Err(_) => "no answer in 5 s".into(),
+        }
+    }
+
+    let mut pooled = tokio::net::TcpStream::connect(&address).await.unwrap();
+    pooled.write_all(HEALTH).await.unwrap();
+    let first = answer(&mut pooled).await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    // Clients' pools are told how long an idle connection is kept.
+    assert!(
+        first
+            .to_ascii_lowercase()
+            .contains("\r\nkeep-alive: timeout=30\r\n"),
+        "{first}"
+    );
+    // Three header timeouts of doing nothing, well within the idle timeout.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    pooled.write_all(HEALTH).await.unwrap();
+    let second = answer(&mut pooled).await;
+    assert!(
+        second.starts_with("HTTP/1.1 200"),
+        "a connection idle for 3 s of a 30 s idle timeout was not served: {second:?}"
+    );
+
+    // The next request begins and stops halfway through its headers.
+    pooled
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let began = Instant::now();
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), pooled.read_to_end(&mut rest)).await;
+    assert!(
+        closed.is_ok(),
+        "a half-sent second request kept the connection open past its header timeout"
+    );
+    println!(
+        "half-sent second request cut off after {:?}",
+        began.elapsed()
+    );
+}
+
 /// A connection from `source` (another loopback address stands for
 /// another client).
 async fn connect_from(source: &str, address: &str) -> tokio::net::TcpStream {

@@ -681,6 +681,11 @@ macro_rules! saga_store_over_dialect {
                 // '' matches every status and every run: one statement for
                 // both backends.
                 let wanted = status.map(|s| s.as_str()).unwrap_or("");
+                if search.contains('\0') {
+                    // No stored text holds a NUL (PostgreSQL keeps none, and
+                    // every writer refuses it): nothing matches.
+                    return Ok(RunsPage { runs: Vec::new(), total: 0 });
+                }
                 let pattern = like_pattern(search);
                 const MATCHES: &str = "($1 = '' OR runs.status = $1)
                      AND ($2 = '' OR LOWER(COALESCE(runs.label, '')) LIKE $2 ESCAPE '\\'
