@@ -187,6 +187,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 args.older_than,
                 args.archive.as_deref(),
                 args.dry_run,
+                args.share,
                 |so_far| {
                     eprintln!(
                         "… {} runs looked at, {} {}",

@@ -97,6 +97,11 @@ pub struct PruneArgs {
     /// Say what would be pruned and why the rest stays; change nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// The most of the time the pass works (0.1 is a tenth); after each
+    /// page it rests the rest, leaving the database to agents' calls. 1
+    /// prunes flat out.
+    #[arg(long, value_name = "FRACTION", default_value = "0.1")]
+    pub share: crate::saga::registry::Share,
     #[command(flatten)]
     pub database: DatabaseArgs,
 }

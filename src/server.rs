@@ -348,6 +348,7 @@ async fn prune_daily(state: AppState, policy: crate::saga::registry::RetentionPo
             policy.older_than,
             archive.as_deref(),
             false,
+            policy.share,
             |_| {},
         )
         .await;

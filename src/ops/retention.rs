@@ -1,16 +1,18 @@
 //! `saga-harness prune`: settled history leaves the saga log in pages of
 //! runs, each page read with one query per table, its runs removed a few
 //! at a time in short transactions so agents' calls never wait long behind
-//! one, and after each page a pause as long as the page took; with
+//! one, and after each page a rest that keeps the pass's work to its share
+//! of the time (a tenth unless set); with
 //! `--archive`, each run is first written as one JSON line (its steps,
 //! compensations, approvals and their messages, corrections and audit
 //! lines) and the page's lines flushed to disk.
 //!
 //! Which runs may go is `saga::retention::why_kept`'s to say.
 
+use crate::saga::registry::Share;
 use crate::saga::retention::{why_kept, Removed, RunHistory};
 use crate::saga::status::RunStatus;
-use crate::saga::store::SagaStore;
+use crate::saga::store::{SagaStore, StoreError};
 use chrono::Utc;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -39,6 +41,8 @@ pub struct Pass {
     /// Runs that changed between being read and being removed (kept).
     pub changed: u64,
     pub seconds: f64,
+    /// Of `seconds`, those spent working rather than resting.
+    pub working_seconds: f64,
 }
 
 impl Pass {
@@ -60,7 +64,10 @@ impl Pass {
                     .join(", ")
             ));
         }
-        line.push_str(&format!(" in {:.1} s", self.seconds));
+        line.push_str(&format!(
+            " in {:.1} s ({:.1} s of it working)",
+            self.seconds, self.working_seconds
+        ));
         if !self.kept.is_empty() || self.changed > 0 {
             let mut why: Vec<String> = self
                 .kept
@@ -77,14 +84,15 @@ impl Pass {
 }
 
 /// Prunes runs last changed more than `older_than` before `now` that
-/// nothing can still move; `archive` gets each one's line first.
-/// `progress` hears about every page.
+/// nothing can still move; `archive` gets each one's line first. The pass
+/// works `share` of the time. `progress` hears about every page.
 pub async fn prune(
     store: &dyn SagaStore,
     now: chrono::DateTime<Utc>,
     older_than: Duration,
     archive: Option<&Path>,
     dry_run: bool,
+    share: Share,
     mut progress: impl FnMut(&Pass),
 ) -> anyhow::Result<Pass> {
     let started = Instant::now();
@@ -105,12 +113,17 @@ pub async fn prune(
             let page_started = Instant::now();
             let page = store
                 .finished_runs_before(status, before, after, PAGE)
-                .await?;
+                .await
+                .map_err(|e| stopped(e, pass.pruned))?;
             let Some(last) = page.last() else { break };
             after = Some((last.created_at, last.id));
             pass.looked_at += page.len() as u64;
             let mut going = Vec::new();
-            for history in store.histories(page).await? {
+            for history in store
+                .histories(page)
+                .await
+                .map_err(|e| stopped(e, pass.pruned))?
+            {
                 match why_kept(&history, now) {
                     Some(why) => *pass.kept.entry(why.words().to_owned()).or_default() += 1,
                     None => going.push(history),
@@ -132,22 +145,40 @@ pub async fn prune(
                     .iter()
                     .map(|h| (h.run.id, h.run.updated_at))
                     .collect();
-                let (gone, rows) = store.remove_runs(&seen).await?;
+                let (gone, rows) = store
+                    .remove_runs(&seen)
+                    .await
+                    .map_err(|e| stopped(e, pass.pruned))?;
                 pass.pruned += gone.len() as u64;
                 pass.changed += (seen.len() - gone.len()) as u64;
                 removed.merge(&rows);
             }
+            let worked = page_started.elapsed();
+            pass.working_seconds += worked.as_secs_f64();
             pass.removed = removed.by_table.clone();
             pass.seconds = started.elapsed().as_secs_f64();
             progress(&pass);
-            // Between pages the log is the agents' alone, as long as the
-            // page took: a prune never holds more than half the writes.
-            tokio::time::sleep(page_started.elapsed()).await;
+            // Between pages the log (and the CPU) are the agents' alone.
+            tokio::time::sleep(share.rest_after(worked)).await;
         }
     }
     pass.removed = removed.by_table;
     pass.seconds = started.elapsed().as_secs_f64();
     Ok(pass)
+}
+
+/// Why a pass stopped, for the operator who runs it again.
+fn stopped(err: StoreError, pruned: u64) -> anyhow::Error {
+    match err {
+        StoreError::Unavailable { cause } => anyhow::anyhow!(
+            "the database stopped answering after {pruned} runs were pruned ({cause}). \
+             Each run went whole or not at all, and every one that went is in the \
+             archive when one is kept: run the same prune again once the database \
+             is back, and it takes the rest"
+        ),
+        other => anyhow::Error::new(other)
+            .context(format!("the pass stopped after {pruned} runs were pruned")),
+    }
 }
 
 /// Opens an archive to append to. A last line a crash cut short is cut
@@ -161,22 +192,25 @@ fn open_archive(path: &Path) -> std::io::Result<std::fs::File> {
         .read(true)
         .append(true)
         .open(path)?;
-    let mut end = file.metadata()?.len();
-    let mut whole = end;
+    let len = file.metadata()?.len();
     let mut chunk = vec![0u8; 64 * 1024];
-    while end > 0 {
+    // Where the whole lines end: just past the last newline, read backwards
+    // a chunk at a time.
+    let mut end = len;
+    let whole = loop {
+        if end == 0 {
+            break 0;
+        }
         let start = end.saturating_sub(chunk.len() as u64);
         let read = &mut chunk[..(end - start) as usize];
         file.seek(SeekFrom::Start(start))?;
         file.read_exact(read)?;
         if let Some(newline) = read.iter().rposition(|&b| b == b'\n') {
-            whole = start + newline as u64 + 1;
-            break;
+            break start + newline as u64 + 1;
         }
         end = start;
-        whole = start;
-    }
-    if whole < file.metadata()?.len() {
+    };
+    if whole < len {
         file.set_len(whole)?;
         file.sync_data()?;
     }

@@ -12,7 +12,7 @@ use saga_harness::ops::retention::{prune, read_archive, Pass, REMOVED_TOGETHER};
 use saga_harness::saga::engine::Engine;
 use saga_harness::saga::model::{Actor, Run, Via};
 use saga_harness::saga::pivot::PlannedCall;
-use saga_harness::saga::registry::Registry;
+use saga_harness::saga::registry::{Registry, Share};
 use saga_harness::saga::retention::RunHistory;
 use saga_harness::saga::status::RunStatus;
 use saga_harness::saga::store::SagaStore;
@@ -135,6 +135,7 @@ impl Setup {
             older_than,
             archive,
             false,
+            Share::DEFAULT,
             |_| {},
         )
         .await
@@ -174,6 +175,7 @@ async fn a_settled_run_is_archived_then_removed_and_reads_back_from_its_line(s: 
         NINETY_DAYS,
         Some(&archive),
         true,
+        Share::DEFAULT,
         |_| {},
     )
     .await
@@ -312,7 +314,16 @@ async fn a_pass_cut_off_midway_loses_no_run_and_the_next_pass_finishes(s: Setup)
     // The database goes away just after the second removal commits.
     let dying = CrashingStore::new(s.store.clone(), Some(1), true);
     let later = Utc::now() + Days::days(100);
-    let cut = prune(&dying, later, NINETY_DAYS, Some(&archive), false, |_| {}).await;
+    let cut = prune(
+        &dying,
+        later,
+        NINETY_DAYS,
+        Some(&archive),
+        false,
+        Share::DEFAULT,
+        |_| {},
+    )
+    .await;
     assert!(cut.is_err(), "the pass stops with the database");
     let archived = |path: &Path| -> HashSet<uuid::Uuid> {
         read_archive(&std::fs::read_to_string(path).unwrap())
@@ -366,8 +377,39 @@ async fn pages_go_oldest_first_and_reach_every_old_run(s: Setup) {
     }
 }
 
+/// A pass given a quarter of the time rests three times as long as each
+/// page took, and says how much of its time was work.
+async fn a_pass_works_only_its_share_of_the_time(s: Setup) {
+    for _ in 0..3 {
+        s.completed().await;
+    }
+    let quarter = Share::new(0.25).unwrap();
+    let pass = prune(
+        &*s.store,
+        Utc::now() + Days::days(100),
+        NINETY_DAYS,
+        None,
+        false,
+        quarter,
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(pass.pruned, 3);
+    assert!(pass.working_seconds > 0.0);
+    assert!(
+        pass.seconds >= pass.working_seconds * 4.0,
+        "worked {:.4} s of {:.4} s",
+        pass.working_seconds,
+        pass.seconds
+    );
+    let summary = pass.summary(false);
+    assert!(summary.contains(" s of it working)"), "{summary}");
+}
+
 common::on_both_backends!(
     setup;
+    a_pass_works_only_its_share_of_the_time,
     a_settled_run_is_archived_then_removed_and_reads_back_from_its_line,
     prune_keeps_every_run_something_can_still_move,
     a_run_that_changed_after_it_was_read_is_not_removed,

@@ -614,6 +614,52 @@ struct ToolsFile {
 pub struct RetentionPolicy {
     pub older_than: std::time::Duration,
     pub archive_dir: Option<std::path::PathBuf>,
+    pub share: Share,
+}
+
+/// The most of the time a pruning pass works: after each page it rests
+/// long enough that its work is this fraction of the whole, and agents'
+/// calls have the database (and the CPU) to themselves the rest.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Share(f64);
+
+impl Share {
+    /// A tenth: agents' calls beside a pass keep nine tenths and more of
+    /// their rate (benches/README.md's retention table measures it).
+    pub const DEFAULT: Share = Share(0.1);
+
+    /// A fraction in (0, 1].
+    pub fn new(fraction: f64) -> Result<Share, String> {
+        if fraction > 0.0 && fraction <= 1.0 {
+            Ok(Share(fraction))
+        } else {
+            Err(format!(
+                "must be a fraction of the time greater than 0 and at most 1 (0.1 is a tenth), not {fraction}"
+            ))
+        }
+    }
+
+    pub fn fraction(self) -> f64 {
+        self.0
+    }
+
+    /// The rest after `worked` that keeps the work to this share.
+    pub fn rest_after(self, worked: std::time::Duration) -> std::time::Duration {
+        worked.mul_f64((1.0 - self.0) / self.0)
+    }
+}
+
+impl std::str::FromStr for Share {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Share, String> {
+        match text.trim().parse::<f64>() {
+            Ok(fraction) => Share::new(fraction),
+            Err(_) => Err(format!(
+                "must be a fraction of the time greater than 0 and at most 1 (0.1 is a tenth), not `{text}`"
+            )),
+        }
+    }
 }
 
 fn retention_policy(
@@ -631,11 +677,11 @@ fn retention_policy(
         })
     };
     for key in section.keys() {
-        if !matches!(key.as_str(), "older_than" | "archive_dir") {
+        if !matches!(key.as_str(), "older_than" | "archive_dir" | "share") {
             say(
                 "(section)",
                 format!(
-                    "`{key}` is not a setting here; the settings are older_than and archive_dir"
+                    "`{key}` is not a setting here; the settings are older_than, archive_dir and share"
                 ),
             );
         }
@@ -670,9 +716,31 @@ fn retention_policy(
             None
         }
     };
+    let share = match section.get("share") {
+        None => Share::DEFAULT,
+        Some(value) => {
+            let fraction = match value {
+                toml::Value::Float(f) => Some(*f),
+                toml::Value::Integer(n) => Some(*n as f64),
+                _ => None,
+            };
+            match fraction.map(Share::new) {
+                Some(Ok(share)) => share,
+                Some(Err(problem)) => {
+                    say("share", problem);
+                    Share::DEFAULT
+                }
+                None => {
+                    say("share", format!("must be a fraction of the time greater than 0 and at most 1 (0.1 is a tenth), not {value}"));
+                    Share::DEFAULT
+                }
+            }
+        }
+    };
     older_than.map(|older_than| RetentionPolicy {
         older_than,
         archive_dir,
+        share,
     })
 }
 
@@ -2014,7 +2082,7 @@ mod retention_tests {
     }
 
     #[test]
-    fn retention_is_off_unless_set_and_reads_its_two_settings() {
+    fn retention_is_off_unless_set_and_reads_its_settings() {
         assert_eq!(read("").unwrap(), None);
         let policy =
             read("[retention]\nolder_than = \"90d\"\narchive_dir = \"/var/lib/saga/archive\"")
@@ -2028,6 +2096,35 @@ mod retention_tests {
             policy.archive_dir.as_deref(),
             Some(std::path::Path::new("/var/lib/saga/archive"))
         );
+        assert_eq!(policy.share, Share::DEFAULT);
+    }
+
+    #[test]
+    fn a_pass_works_the_share_of_the_time_it_is_given_and_rests_the_rest() {
+        let policy = read("[retention]\nolder_than = \"90d\"\nshare = 0.25")
+            .unwrap()
+            .unwrap();
+        assert_eq!(policy.share.fraction(), 0.25);
+        let page = std::time::Duration::from_millis(100);
+        assert_eq!(
+            policy.share.rest_after(page),
+            std::time::Duration::from_millis(300)
+        );
+        assert_eq!(
+            Share::new(1.0).unwrap().rest_after(page),
+            std::time::Duration::ZERO
+        );
+        for wrong in ["0", "-0.5", "1.5", "\"fast\"", "nan"] {
+            let refused = read(&format!(
+                "[retention]\nolder_than = \"90d\"\nshare = {wrong}"
+            ))
+            .unwrap_err();
+            assert_eq!(refused.len(), 1, "{wrong}: {refused:?}");
+            assert!(
+                refused[0].contains("`[retention]`, field `share`: must be a fraction of the time"),
+                "{wrong}: {refused:?}"
+            );
+        }
     }
 
     #[test]

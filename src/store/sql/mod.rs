@@ -600,18 +600,18 @@ macro_rules! saga_store_over_dialect {
                 for (id, seen) in runs {
                     query = query.bind(id.to_string()).bind(*seen);
                 }
-                let unchanged: std::collections::HashSet<String> = query
+                let unchanged: std::collections::HashSet<Uuid> = query
                     .fetch_all(&mut *tx)
                     .await
                     .map_err(db)?
                     .iter()
-                    .map(|row| Sql::<Self>::text(row, "id"))
+                    .map(|row| parse_uuid("id", &Sql::<Self>::text(row, "id")?))
                     .collect::<StoreResult<_>>()?;
                 // In the order given.
                 let gone: Vec<Uuid> = runs
                     .iter()
                     .map(|(id, _)| *id)
-                    .filter(|id| unchanged.contains(&id.to_string()))
+                    .filter(|id| unchanged.contains(id))
                     .collect();
                 if gone.is_empty() {
                     return Ok((Vec::new(), removed));
