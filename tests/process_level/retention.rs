@@ -101,41 +101,22 @@ async fn prune_says_what_it_kept_and_why_and_leaves_a_held_sqlite_log_alone() {
 
 #[tokio::test]
 async fn a_bad_age_or_share_is_refused_before_the_log_is_opened() {
-    let out = prune(&[
-        "--older-than",
-        "soon",
-        "--database-url",
-        "sqlite:///nonexistent/dir/x.db",
-    ])
-    .await;
-    assert!(!out.status.success());
-    assert!(
-        said(&out).contains("`soon` is not a duration like \"90d\""),
-        "{}",
-        said(&out)
-    );
-    let zero = prune(&["--older-than", "0s"]).await;
-    assert!(
-        said(&zero).contains("must be longer than zero"),
-        "{}",
-        said(&zero)
-    );
-    for share in ["0", "2", "half"] {
-        let out = prune(&[
-            "--older-than",
-            "90d",
-            "--share",
-            share,
-            "--database-url",
-            "sqlite:///nonexistent/dir/x.db",
-        ])
-        .await;
-        assert!(!out.status.success());
-        assert!(
-            said(&out).contains("must be a fraction of the time greater than 0 and at most 1"),
-            "{share}: {}",
-            said(&out)
-        );
+    const NOWHERE: &str = "sqlite:///nonexistent/dir/x.db";
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--older-than", "soon"],
+            "`soon` is not a duration like \"90d\"",
+        ),
+        (&["--older-than", "0s"], "must be longer than zero"),
+        (&["--older-than", "90d", "--share", "0"], FRACTION),
+        (&["--older-than", "90d", "--share", "2"], FRACTION),
+        (&["--older-than", "90d", "--share", "half"], FRACTION),
+    ];
+    const FRACTION: &str = "must be a fraction of the time greater than 0 and at most 1";
+    for (args, expected) in cases {
+        let out = prune(&[args, &["--database-url", NOWHERE][..]].concat()).await;
+        assert!(!out.status.success(), "{args:?}");
+        assert!(said(&out).contains(expected), "{args:?}: {}", said(&out));
     }
 }
 

@@ -274,6 +274,18 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off() {
     );
 }
 
+/// A harness on a fresh SQLite log with these request and idle timeouts
+/// (seconds), and its address.
+async fn with_timeouts(request: &str, idle: &str) -> (common::TestDb, TestProcess, String) {
+    let db = common::sqlite();
+    let launch = Launch::new(&db.url, None)
+        .env("SAGA_REQUEST_TIMEOUT_SECS", request)
+        .env("SAGA_IDLE_TIMEOUT_SECS", idle);
+    let harness = TestProcess::start(&launch).await;
+    let address = harness.base.trim_start_matches("http://").to_owned();
+    (db, harness, address)
+}
+
 /// A client's pool reuses a kept-alive connection after a pause: the
 /// pause is bounded by the idle timeout, not by the header timeout (which
 /// runs from the next request's first byte). A second request that stops
@@ -281,12 +293,7 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off() {
 #[tokio::test]
 async fn a_kept_alive_connection_waits_the_idle_timeout_and_a_half_sent_next_request_is_cut_off() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let db = common::sqlite();
-    let launch = Launch::new(&db.url, None)
-        .env("SAGA_REQUEST_TIMEOUT_SECS", "1")
-        .env("SAGA_IDLE_TIMEOUT_SECS", "30");
-    let harness = TestProcess::start(&launch).await;
-    let address = harness.base.trim_start_matches("http://").to_owned();
+    let (_db, _harness, address) = with_timeouts("1", "30").await;
     const HEALTH: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
     /// Reads one answer to `/healthz` (its body is short and sent whole).
     async fn answer(stream: &mut tokio::net::TcpStream) -> String {
@@ -431,12 +438,7 @@ async fn one_client_holding_idle_connections_cannot_keep_others_out() {
 #[tokio::test]
 async fn idle_half_open_and_trickling_connections_are_closed_by_their_deadlines() {
     use tokio::io::AsyncWriteExt;
-    let db = common::sqlite();
-    let launch = Launch::new(&db.url, None)
-        .env("SAGA_REQUEST_TIMEOUT_SECS", "1")
-        .env("SAGA_IDLE_TIMEOUT_SECS", "1");
-    let harness = TestProcess::start(&launch).await;
-    let address = harness.base.trim_start_matches("http://").to_owned();
+    let (_db, harness, address) = with_timeouts("1", "1").await;
     let limit = Duration::from_secs(4);
 
     let silent = connect_from("127.0.0.3", &address).await;
