@@ -181,21 +181,26 @@ async fn pruning_past_its_first_page(
     (child, rest)
 }
 
-#[tokio::test]
-async fn a_prune_killed_midway_loses_no_run_and_the_next_one_finishes() {
-    let db = common::sqlite();
-    let ids = ended_two_days_ago(&db.url, 450).await;
-    let dir = tempfile::tempdir().unwrap();
-    let archive = dir.path().join("archive.jsonl");
-    let args = [
+/// `saga-harness prune` of runs older than a day, archived to `archive`.
+fn archiving_prune<'a>(archive: &'a std::path::Path, url: &'a str) -> [&'a str; 7] {
+    [
         "prune",
         "--older-than",
         "1d",
         "--archive",
         archive.to_str().unwrap(),
         "--database-url",
-        &db.url,
-    ];
+        url,
+    ]
+}
+
+#[tokio::test]
+async fn a_prune_killed_midway_loses_no_run_and_the_next_one_finishes() {
+    let db = common::sqlite();
+    let ids = ended_two_days_ago(&db.url, 450).await;
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive.jsonl");
+    let args = archiving_prune(&archive, &db.url);
     // Killed (SIGKILL) a moment after its first page, while it works on
     // the next.
     let (mut first, _) = pruning_past_its_first_page(&args).await;
@@ -258,15 +263,7 @@ async fn a_prune_whose_postgres_stops_midway_says_so_and_the_next_one_finishes()
     let ids = ended_two_days_ago(&url, 450).await;
     let dir = tempfile::tempdir().unwrap();
     let archive = dir.path().join("archive.jsonl");
-    let args = [
-        "prune",
-        "--older-than",
-        "1d",
-        "--archive",
-        archive.to_str().unwrap(),
-        "--database-url",
-        &url,
-    ];
+    let args = archiving_prune(&archive, &url);
     let (mut first, rest) = pruning_past_its_first_page(&args).await;
     tokio::task::block_in_place(|| server.stop_immediately());
     let stopped = std::time::Instant::now();
