@@ -360,6 +360,11 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(30)));
     let builder = Arc::new(builder);
+    // Told to HTTP/1.1 clients, whose pools then retire a connection
+    // before the server closes it rather than racing the close.
+    let keep_alive =
+        hyper::header::HeaderValue::from_str(&format!("timeout={}", limits.idle_timeout.as_secs()))
+            .expect("digits are a header value");
     let mut connections = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -405,6 +410,7 @@ pub async fn serve(
             router: router.clone(),
             builder: builder.clone(),
             limits: limits.clone(),
+            keep_alive: keep_alive.clone(),
             stopping: stopping.subscribe(),
         };
         connections.spawn(async move {
@@ -440,6 +446,8 @@ struct Connection {
     router: Router,
     builder: Arc<auto::Builder<TokioExecutor>>,
     limits: ConnectionLimits,
+    /// `Keep-Alive: timeout=N`, N the idle timeout.
+    keep_alive: hyper::header::HeaderValue,
     stopping: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -449,13 +457,7 @@ impl Connection {
         let activity = Activity::new();
         let router = self.router.clone();
         let body_timeout = self.limits.body_timeout;
-        // Told to HTTP/1.1 clients, whose pools then retire a connection
-        // before the server closes it rather than racing the close.
-        let keep_alive = hyper::header::HeaderValue::from_str(&format!(
-            "timeout={}",
-            self.limits.idle_timeout.as_secs()
-        ))
-        .expect("digits are a header value");
+        let keep_alive = self.keep_alive.clone();
         let watched = activity.clone();
         let service = hyper::service::service_fn(
             move |mut request: hyper::Request<hyper::body::Incoming>| {

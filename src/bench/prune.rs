@@ -90,7 +90,7 @@ pub async fn measure(
         // The prune alone.
         seed(&path, runs).await?;
         let started = Instant::now();
-        let pass = prune_all(&*store, Share::new(1.0).map_err(anyhow::Error::msg)?).await?;
+        let pass = prune_all(&*store, Share::FLAT_OUT).await?;
         let took = started.elapsed().as_secs_f64();
         let rows = pass.removed.get("saga_log").copied().unwrap_or(0);
         anyhow::ensure!(

@@ -627,20 +627,23 @@ impl Share {
     /// A tenth: agents' calls beside a pass keep nine tenths and more of
     /// their rate (benches/README.md's retention table measures it).
     pub const DEFAULT: Share = Share(0.1);
+    /// All the time: no rest between pages.
+    pub const FLAT_OUT: Share = Share(1.0);
 
     /// A fraction in (0, 1].
     pub fn new(fraction: f64) -> Result<Share, String> {
         if fraction > 0.0 && fraction <= 1.0 {
             Ok(Share(fraction))
         } else {
-            Err(format!(
-                "must be a fraction of the time greater than 0 and at most 1 (0.1 is a tenth), not {fraction}"
-            ))
+            Err(Share::refusal(fraction))
         }
     }
 
-    pub fn fraction(self) -> f64 {
-        self.0
+    /// Why `given` is not a share.
+    fn refusal(given: impl std::fmt::Display) -> String {
+        format!(
+            "must be a fraction of the time greater than 0 and at most 1 (0.1 is a tenth), not {given}"
+        )
     }
 
     /// The rest after `worked` that keeps the work to this share.
@@ -655,9 +658,7 @@ impl std::str::FromStr for Share {
     fn from_str(text: &str) -> Result<Share, String> {
         match text.trim().parse::<f64>() {
             Ok(fraction) => Share::new(fraction),
-            Err(_) => Err(format!(
-                "must be a fraction of the time greater than 0 and at most 1 (0.1 is a tenth), not `{text}`"
-            )),
+            Err(_) => Err(Share::refusal(format!("`{text}`"))),
         }
     }
 }
@@ -717,26 +718,15 @@ fn retention_policy(
         }
     };
     let share = match section.get("share") {
-        None => Share::DEFAULT,
-        Some(value) => {
-            let fraction = match value {
-                toml::Value::Float(f) => Some(*f),
-                toml::Value::Integer(n) => Some(*n as f64),
-                _ => None,
-            };
-            match fraction.map(Share::new) {
-                Some(Ok(share)) => share,
-                Some(Err(problem)) => {
-                    say("share", problem);
-                    Share::DEFAULT
-                }
-                None => {
-                    say("share", format!("must be a fraction of the time greater than 0 and at most 1 (0.1 is a tenth), not {value}"));
-                    Share::DEFAULT
-                }
-            }
-        }
-    };
+        None => Ok(Share::DEFAULT),
+        Some(toml::Value::Float(f)) => Share::new(*f),
+        Some(toml::Value::Integer(n)) => Share::new(*n as f64),
+        Some(other) => Err(Share::refusal(other)),
+    }
+    .unwrap_or_else(|problem| {
+        say("share", problem);
+        Share::DEFAULT
+    });
     older_than.map(|older_than| RetentionPolicy {
         older_than,
         archive_dir,
@@ -2104,16 +2094,13 @@ mod retention_tests {
         let policy = read("[retention]\nolder_than = \"90d\"\nshare = 0.25")
             .unwrap()
             .unwrap();
-        assert_eq!(policy.share.fraction(), 0.25);
+        assert_eq!(policy.share, Share::new(0.25).unwrap());
         let page = std::time::Duration::from_millis(100);
         assert_eq!(
             policy.share.rest_after(page),
             std::time::Duration::from_millis(300)
         );
-        assert_eq!(
-            Share::new(1.0).unwrap().rest_after(page),
-            std::time::Duration::ZERO
-        );
+        assert_eq!(Share::FLAT_OUT.rest_after(page), std::time::Duration::ZERO);
         for wrong in ["0", "-0.5", "1.5", "\"fast\"", "nan"] {
             let refused = read(&format!(
                 "[retention]\nolder_than = \"90d\"\nshare = {wrong}"
